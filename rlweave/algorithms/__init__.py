@@ -1,0 +1,60 @@
+"""Algorithms layer: advantage estimators, losses, and the algorithm registry.
+
+Pure functions on tensors (see ``advantages`` and ``losses``) plus one registry
+(``registry``) that maps config names to them. Runners use this layer; it imports nothing
+above it.
+"""
+
+from rlweave.algorithms.advantages import (
+    discounted_returns,
+    gae,
+    group_normalized_advantages,
+    normalize,
+)
+from rlweave.algorithms.losses import (
+    entropy_bonus,
+    masked_mean,
+    ppo_loss,
+    ppo_policy_loss,
+    total_loss,
+    value_loss,
+)
+from rlweave.algorithms.registry import (
+    ADVANTAGE_ESTIMATORS,
+    ALGORITHM_KINDS,
+    ALGORITHMS,
+    POLICY_LOSSES,
+    AlgorithmSpec,
+    UnknownNameError,
+    get_advantage_estimator,
+    get_algorithm,
+    get_policy_loss,
+    register_advantage_estimator,
+    register_algorithm,
+    register_policy_loss,
+)
+
+__all__ = [
+    "gae",
+    "discounted_returns",
+    "group_normalized_advantages",
+    "normalize",
+    "masked_mean",
+    "ppo_policy_loss",
+    "value_loss",
+    "entropy_bonus",
+    "ppo_loss",
+    "total_loss",
+    "ADVANTAGE_ESTIMATORS",
+    "ALGORITHM_KINDS",
+    "ALGORITHMS",
+    "POLICY_LOSSES",
+    "AlgorithmSpec",
+    "UnknownNameError",
+    "get_advantage_estimator",
+    "get_algorithm",
+    "get_policy_loss",
+    "register_advantage_estimator",
+    "register_algorithm",
+    "register_policy_loss",
+]

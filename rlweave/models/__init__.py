@@ -1,0 +1,17 @@
+"""Models: the policy contract, MLP/CNN policies, observation normalisation, and the registry."""
+from .normalizer import RunningMeanStd
+from .policies import ACTIVATIONS, CNNPolicy, MLPPolicy, Policy, flat_params_checksum
+from .registry import POLICIES, SpaceMismatchError, build_policy, register_policy
+
+__all__ = [
+    "ACTIVATIONS",
+    "CNNPolicy",
+    "MLPPolicy",
+    "POLICIES",
+    "Policy",
+    "RunningMeanStd",
+    "SpaceMismatchError",
+    "build_policy",
+    "flat_params_checksum",
+    "register_policy",
+]

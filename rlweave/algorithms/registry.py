@@ -1,0 +1,180 @@
+"""One registry for every algorithm rlweave knows.
+
+Three name -> object tables, filled at import time and extended by later modules (off-policy
+updates such as SAC/CrossQ/IQL, imitation such as SFT/DAgger) through the ``register_*``
+functions:
+
+* ``ADVANTAGE_ESTIMATORS``: name -> estimator function (``gae``, ``grpo``, ...).
+* ``POLICY_LOSSES``: name -> loss function returning a ``dict`` of ``loss_*`` terms; every
+  algorithm's update rule lives here, whatever its kind.
+* ``ALGORITHMS``: name -> :class:`AlgorithmSpec`, the recipe tying an estimator and a loss
+  together plus the facts a runner needs to wire it (on/off-policy, critic, grouping).
+
+Lookups fail with a one-line ``KeyError`` naming the known entries, so a typo in a config says
+what would have been accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from rlweave.algorithms.advantages import gae, group_normalized_advantages
+from rlweave.algorithms.losses import ppo_loss
+
+__all__ = [
+    "ALGORITHM_KINDS",
+    "ADVANTAGE_ESTIMATORS",
+    "POLICY_LOSSES",
+    "ALGORITHMS",
+    "AlgorithmSpec",
+    "UnknownNameError",
+    "register_algorithm",
+    "register_advantage_estimator",
+    "register_policy_loss",
+    "get_algorithm",
+    "get_advantage_estimator",
+    "get_policy_loss",
+]
+
+ALGORITHM_KINDS = ("on_policy", "off_policy", "imitation")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Any]] = {
+    "gae": gae,
+    "grpo": group_normalized_advantages,
+}
+
+POLICY_LOSSES: dict[str, Callable[..., Any]] = {
+    "ppo": ppo_loss,
+}
+
+
+class UnknownNameError(KeyError):
+    """``KeyError`` whose ``str()`` is the plain message (``KeyError`` would quote it)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """Static description of an algorithm: which pieces to use and how a runner must feed them.
+
+    Attributes:
+        name: registry key, as written in configs.
+        kind: ``"on_policy"`` | ``"off_policy"`` | ``"imitation"``; picks the runner loop.
+        advantage: key in ``ADVANTAGE_ESTIMATORS``, or None (off-policy / imitation).
+        loss: key in ``POLICY_LOSSES``.
+        uses_critic: whether a value head/critic is trained (the runner then computes values).
+        episodic_groups: True when advantages compare whole episodes grouped by reset seed
+            (GRPO), so the rollout must run each group to episode end from identical resets.
+        description: one line for ``--help`` and docs.
+    """
+
+    name: str
+    kind: str
+    advantage: str | None
+    loss: str
+    uses_critic: bool
+    episodic_groups: bool
+    description: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in ALGORITHM_KINDS:
+            raise ValueError(
+                f"algorithm {self.name!r}: kind must be one of {', '.join(ALGORITHM_KINDS)}; got {self.kind!r}"
+            )
+
+
+ALGORITHMS: dict[str, AlgorithmSpec] = {}
+
+
+def _unknown(what: str, name: str, table: dict[str, Any]) -> UnknownNameError:
+    known = ", ".join(sorted(table)) or "(none)"
+    return UnknownNameError(f"unknown {what} {name!r}; known: {known}")
+
+
+def _register(what: str, table: dict[str, Any], name: str, obj: Any) -> None:
+    if name in table:
+        raise ValueError(f"{what} {name!r} is already registered")
+    table[name] = obj
+
+
+def register_advantage_estimator(name: str, fn: F) -> F:
+    """Add an advantage estimator under ``name``; ``ValueError`` if the name is taken."""
+    _register("advantage estimator", ADVANTAGE_ESTIMATORS, name, fn)
+    return fn
+
+
+def register_policy_loss(name: str, fn: F) -> F:
+    """Add a loss (returning a dict of ``loss_*`` terms) under ``name``; ``ValueError`` if taken."""
+    _register("policy loss", POLICY_LOSSES, name, fn)
+    return fn
+
+
+def register_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
+    """Add ``spec`` to ``ALGORITHMS``.
+
+    Raises ``ValueError`` on a duplicate name, and ``KeyError`` if the spec names an estimator or
+    loss that is not registered (register those first), so a broken recipe fails at import time
+    rather than mid-training.
+    """
+    if spec.name in ALGORITHMS:
+        raise ValueError(f"algorithm {spec.name!r} is already registered")
+    if spec.advantage is not None and spec.advantage not in ADVANTAGE_ESTIMATORS:
+        raise _unknown("advantage estimator", spec.advantage, ADVANTAGE_ESTIMATORS)
+    if spec.loss not in POLICY_LOSSES:
+        raise _unknown("policy loss", spec.loss, POLICY_LOSSES)
+    ALGORITHMS[spec.name] = spec
+    return spec
+
+
+def get_algorithm(name: str) -> AlgorithmSpec:
+    """Look up an algorithm; unknown names raise ``KeyError`` listing the known ones."""
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise _unknown("algorithm", name, ALGORITHMS) from None
+
+
+def get_advantage_estimator(name: str) -> Callable[..., Any]:
+    """Look up an advantage estimator; unknown names raise ``KeyError`` listing the known ones."""
+    try:
+        return ADVANTAGE_ESTIMATORS[name]
+    except KeyError:
+        raise _unknown("advantage estimator", name, ADVANTAGE_ESTIMATORS) from None
+
+
+def get_policy_loss(name: str) -> Callable[..., Any]:
+    """Look up a policy loss; unknown names raise ``KeyError`` listing the known ones."""
+    try:
+        return POLICY_LOSSES[name]
+    except KeyError:
+        raise _unknown("policy loss", name, POLICY_LOSSES) from None
+
+
+register_algorithm(
+    AlgorithmSpec(
+        name="ppo",
+        kind="on_policy",
+        advantage="gae",
+        loss="ppo",
+        uses_critic=True,
+        episodic_groups=False,
+        description="PPO: GAE advantages, clipped surrogate, learned critic",
+    )
+)
+register_algorithm(
+    AlgorithmSpec(
+        name="grpo",
+        kind="on_policy",
+        advantage="grpo",
+        loss="ppo",
+        uses_critic=False,
+        episodic_groups=True,
+        description="GRPO: critic-free, episode scores normalised within groups sharing a reset seed",
+    )
+)

@@ -1,0 +1,384 @@
+"""Worker and WorkerGroup: N processes of one worker class, driven like a one-process program.
+
+A worker class is a plain Python class deriving from :class:`Worker`. A :class:`WorkerGroup` starts
+one *host* process per placement entry (a Ray actor, or an in-process object in local mode) and
+builds the worker inside it with its context (group name, rank, world size, slot, device) already
+set, so ``__init__`` can use ``self.rank``. ``group.call("step", x)`` runs ``step(x)`` on every rank
+(or the chosen ``ranks``) and returns a :class:`Handle`; ``group.call_each("train", [b0, b1])``
+gives each rank its own argument. Groups placed on the same slots can share host processes
+(``colocate_with=``), as veRL's colocated worker classes do: calls between them cost a function
+call instead of an inter-process hop.
+
+Failures come back to the driver as :class:`WorkerError`, whose message names the group, rank and
+method and carries the remote traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import os
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import ray
+import torch
+import torch.distributed as dist  # imported at module top: see the pickling trap in docs/architecture.md
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from rlweave.cluster.cluster import Cluster
+from rlweave.cluster.placement import GroupPlacement, Slot
+
+
+class WorkerError(RuntimeError):
+    """An exception raised inside a worker, re-raised in the driver with where it happened."""
+
+    def __init__(self, group: str, rank: int, method: str, message: str, remote_traceback: str = ""):
+        self.group, self.rank, self.method = group, rank, method
+        self.remote_traceback = remote_traceback
+        self.short = f"worker {group}[rank {rank}] failed in {method}(): {message}"
+        text = self.short + (f"\n--- remote traceback ---\n{remote_traceback}" if remote_traceback else "")
+        super().__init__(text)
+
+    def __reduce__(self):
+        return (WorkerError, (self.group, self.rank, self.method, self.short.split("(): ", 1)[-1], self.remote_traceback))
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    group: str
+    rank: int
+    world_size: int
+    slot: Slot
+    slot_kind: str  # "cpu" | "gpu"
+    num_threads: int
+    local: bool = False
+
+    @property
+    def device(self) -> torch.device:
+        if self.slot_kind == "gpu" and torch.cuda.is_available():
+            return torch.device("cuda", 0)  # CUDA_VISIBLE_DEVICES narrows the process to its slot
+        return torch.device("cpu")
+
+
+class Worker:
+    """Base class of every role. Subclasses define ``__init__(self, config, ...)`` and methods.
+
+    The context is bound before ``__init__`` runs, so ``self.rank``/``self.world_size`` are usable
+    there.
+    """
+
+    _ctx: WorkerContext
+
+    @property
+    def rank(self) -> int:
+        return self._ctx.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._ctx.world_size
+
+    @property
+    def group_name(self) -> str:
+        return self._ctx.group
+
+    @property
+    def device(self) -> torch.device:
+        return self._ctx.device
+
+    @property
+    def name(self) -> str:
+        return f"{self._ctx.group}[rank {self._ctx.rank}]"
+
+    # -- torch.distributed across the group's ranks ----------------------------------------
+    def dist_address(self) -> tuple[str, int]:
+        """Rank 0 picks the rendezvous address every rank joins."""
+        host = "127.0.0.1" if self._ctx.local else ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return host, port
+
+    def init_dist(self, host: str, port: int, backend: str | None = None) -> str:
+        if backend is None:
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend, init_method=f"tcp://{host}:{port}", rank=self.rank, world_size=self.world_size
+            )
+        return backend
+
+
+def _bind(cls: type, ctx: WorkerContext, args: tuple, kwargs: dict) -> Any:
+    obj = cls.__new__(cls)
+    obj._ctx = ctx
+    obj.__init__(*args, **kwargs)
+    return obj
+
+
+class _HostBase:
+    """Holds the worker objects of one process and runs method calls on them."""
+
+    def __init__(self, env_vars: dict[str, str], num_threads: int):
+        os.environ.update(env_vars)
+        torch.set_num_threads(max(1, num_threads))
+        self.workers: dict[str, Any] = {}
+        self.contexts: dict[str, WorkerContext] = {}
+
+    def add_worker(self, group: str, cls: type, ctx: WorkerContext, args: tuple, kwargs: dict) -> tuple[None, float]:
+        start = time.perf_counter()
+        try:
+            self.contexts[group] = ctx
+            self.workers[group] = _bind(cls, ctx, args, kwargs)
+            return None, time.perf_counter() - start
+        except Exception as e:  # noqa: BLE001 - re-raised with location
+            raise WorkerError(group, ctx.rank, "__init__", repr(e), traceback.format_exc()) from None
+
+    def run(self, group: str, method: str, args: tuple, kwargs: dict) -> tuple[Any, float]:
+        ctx = self.contexts[group]
+        start = time.perf_counter()
+        try:
+            fn = getattr(self.workers[group], method)
+            result = fn(*args, **kwargs)
+        except WorkerError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise WorkerError(group, ctx.rank, method, repr(e), traceback.format_exc()) from None
+        return result, time.perf_counter() - start
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+
+    def environ(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class _RayHost(_HostBase):
+    pass
+
+
+class _LocalHost(_HostBase):
+    """Same interface in the driver process; calls run on threads so fused loops can interleave."""
+
+    def __init__(self, env_vars: dict[str, str], num_threads: int):
+        # Don't touch the driver's environment or thread count in local mode.
+        self.workers, self.contexts = {}, {}
+        self.pool = cf.ThreadPoolExecutor(max_workers=8)
+
+
+class Handle:
+    """Result of a group call: ``wait()`` returns one result per called rank, in rank order."""
+
+    def __init__(self, group: str, method: str, ranks: list[int], pending: list):
+        self.group, self.method, self.ranks = group, method, ranks
+        self._pending = pending  # ObjectRefs (Ray) or Futures (local)
+        self._results: list | None = None
+        self.durations: list[float] = []
+        self.started = time.perf_counter()
+
+    def done(self) -> bool:
+        if self._results is not None:
+            return True
+        if self._pending and isinstance(self._pending[0], cf.Future):
+            return all(f.done() for f in self._pending)
+        ready, _ = ray.wait(self._pending, num_returns=len(self._pending), timeout=0)
+        return len(ready) == len(self._pending)
+
+    def wait(self, timeout: float | None = None) -> list:
+        if self._results is None:
+            pairs = []
+            for rank, p in zip(self.ranks, self._pending):
+                pairs.append(self._get_one(rank, p, timeout))
+            self._results = [r for r, _ in pairs]
+            self.durations = [d for _, d in pairs]
+        return self._results
+
+    @property
+    def duration(self) -> float:
+        """Longest per-rank execution time of the call (seconds), measured in the workers."""
+        self.wait()
+        return max(self.durations) if self.durations else 0.0
+
+    def _get_one(self, rank: int, pending, timeout):
+        try:
+            if isinstance(pending, cf.Future):
+                return pending.result(timeout=timeout)
+            return ray.get(pending, timeout=timeout)
+        except ray.exceptions.RayTaskError as e:
+            # Ray re-raises the worker's exception as a subclass of both RayTaskError and the cause;
+            # rebuild a plain WorkerError so the driver prints one clean message.
+            cause = e.cause if isinstance(getattr(e, "cause", None), WorkerError) else None
+            if cause is not None:
+                raise WorkerError(cause.group, cause.rank, cause.method, cause.short.split("(): ", 1)[-1], cause.remote_traceback) from None
+            raise WorkerError(self.group, rank, self.method, str(e).splitlines()[0]) from None
+        except ray.exceptions.RayActorError as e:
+            raise WorkerError(self.group, rank, self.method, f"worker process died ({type(e).__name__})") from None
+
+    def __await__(self):
+        async def _collect():
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(None, self.wait)
+
+        return _collect().__await__()
+
+
+class WorkerGroup:
+    """N workers of one class, placed on slots, called together."""
+
+    def __init__(
+        self,
+        cls: type,
+        placement: GroupPlacement,
+        cluster: Cluster,
+        args: Sequence = (),
+        kwargs: dict | None = None,
+        colocate_with: "WorkerGroup | None" = None,
+        init_dist: bool = False,
+        name: str | None = None,
+    ):
+        self.cls = cls
+        self.name = name or placement.name
+        self.placement = placement
+        self.cluster = cluster
+        self.local = cluster.local
+        n = placement.num_workers
+        if colocate_with is not None:
+            if colocate_with.placement.slots != placement.slots:
+                raise ValueError(
+                    f"placement.groups.{self.name}: colocating with '{colocate_with.name}' needs identical slots"
+                )
+            self.hosts = colocate_with.hosts
+        else:
+            self.hosts = [self._start_host(placement.slots[r], placement) for r in range(n)]
+        contexts = [self._context(r, placement) for r in range(n)]
+        kwargs = dict(kwargs or {})
+        refs = [self._host_call(h, "add_worker", self.name, cls, ctx, tuple(args), kwargs) for h, ctx in zip(self.hosts, contexts)]
+        Handle(self.name, "__init__", list(range(n)), refs).wait()
+        if init_dist and n > 1:
+            host, port = self.call("dist_address", ranks=[0]).wait()[0]
+            self.call("init_dist", host, port).wait()
+
+    @property
+    def world_size(self) -> int:
+        return self.placement.num_workers
+
+    # -- calls --------------------------------------------------------------------------------
+    def call(self, method: str, *args, ranks: Sequence[int] | None = None, **kwargs) -> Handle:
+        """Runs ``method(*args, **kwargs)`` on every rank (or ``ranks``); returns a handle."""
+        ranks = list(range(self.world_size)) if ranks is None else list(ranks)
+        self._check_method(method)
+        pending = [self._host_call(self.hosts[r], "run", self.name, method, args, kwargs) for r in ranks]
+        return Handle(self.name, method, ranks, pending)
+
+    def call_each(self, method: str, per_rank_args: Sequence[tuple], ranks: Sequence[int] | None = None) -> Handle:
+        """Runs ``method(*per_rank_args[i])`` on rank ``ranks[i]`` (default: rank i)."""
+        ranks = list(range(len(per_rank_args))) if ranks is None else list(ranks)
+        if len(ranks) != len(per_rank_args):
+            raise ValueError(f"{self.name}.{method}: {len(per_rank_args)} argument sets for {len(ranks)} ranks")
+        self._check_method(method)
+        pending = [self._host_call(self.hosts[r], "run", self.name, method, tuple(a), {}) for r, a in zip(ranks, per_rank_args)]
+        return Handle(self.name, method, ranks, pending)
+
+    def run(self, method: str, *args, **kwargs) -> list:
+        """``call(...).wait()``: the results of every rank."""
+        return self.call(method, *args, **kwargs).wait()
+
+    def host_info(self, what: str, *args) -> list:
+        """Per-rank facts about the host processes (``pid``, ``node_id``, ``environ``)."""
+        pending = [self._host_call(h, what, *args) for h in self.hosts]
+        if self.local:
+            return [p.result() for p in pending]
+        return ray.get(pending)
+
+    def shutdown(self) -> None:
+        if not self.local:
+            for h in self.hosts:
+                try:
+                    ray.kill(h)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        self.hosts = []
+
+    # -- internals ----------------------------------------------------------------------------
+    def _check_method(self, method: str) -> None:
+        if not callable(getattr(self.cls, method, None)):
+            raise AttributeError(f"worker class {self.cls.__name__} (group '{self.name}') has no method '{method}'")
+
+    def _context(self, rank: int, placement: GroupPlacement) -> WorkerContext:
+        slot = placement.slots[rank]
+        return WorkerContext(
+            group=self.name,
+            rank=rank,
+            world_size=placement.num_workers,
+            slot=slot,
+            slot_kind=self.cluster.slot_kind,
+            num_threads=self._threads_for(slot),
+            local=self.local,
+        )
+
+    def _threads_for(self, slot: Slot) -> int:
+        if self.cluster.slot_kind == "cpu":
+            return 1  # a CPU slot is one core
+        node = self.cluster.nodes[slot.node]
+        return max(1, node.num_cpus // max(1, node.num_gpus))
+
+    def _start_host(self, slot: Slot, placement: GroupPlacement):
+        env_vars: dict[str, str] = {}
+        if self.cluster.slot_kind == "gpu":
+            env_vars["CUDA_VISIBLE_DEVICES"] = str(slot.index)
+        threads = self._threads_for(slot)
+        env_vars["OMP_NUM_THREADS"] = str(threads)
+        if self.local:
+            return _LocalHost(env_vars, threads)
+        node = self.cluster.nodes[slot.node]
+        return _RayHost.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node.node_id, soft=False),
+            max_concurrency=8,
+            runtime_env={"env_vars": env_vars},
+            name=None,
+        ).remote(env_vars, threads)
+
+    def _host_call(self, host, method: str, *args):
+        if self.local:
+            return host.pool.submit(getattr(host, method), *args)
+        return getattr(host, method).remote(*args)
+
+
+def wait_all(handles: Sequence[Handle], timeout: float | None = None) -> list[list]:
+    """Waits for several handles together and raises the *first* failure as soon as it happens.
+
+    Waiting handle by handle would hang when a later handle's worker failed while an earlier one
+    blocks on it (an env worker waiting on a channel its dead rollout worker would have filled).
+    """
+    entries = [(h, i) for h in handles if h._results is None for i in range(len(h._pending))]
+    if entries:
+        pending = [h._pending[i] for h, i in entries]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if isinstance(pending[0], cf.Future):
+            remaining = set(pending)
+            while remaining:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                done, remaining = cf.wait(remaining, timeout=left, return_when=cf.FIRST_COMPLETED)
+                if not done:
+                    raise TimeoutError("timed out waiting for workers")
+                for f in done:
+                    h, i = entries[pending.index(f)]
+                    h._get_one(h.ranks[i], f, None)  # raises the worker's error, if any
+        else:
+            remaining = list(pending)
+            while remaining:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                done, remaining = ray.wait(remaining, num_returns=1, timeout=left)
+                if not done:
+                    raise TimeoutError("timed out waiting for workers")
+                for ref in done:
+                    h, i = entries[pending.index(ref)]
+                    h._get_one(h.ranks[i], ref, None)
+    return [h.wait() for h in handles]

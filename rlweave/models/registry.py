@@ -1,0 +1,76 @@
+"""Policy registry: build a policy by name from gymnasium observation and action spaces.
+
+A builder is ``builder(observation_space, action_space, **kwargs) -> Policy``. When the spaces do
+not fit, it raises :class:`SpaceMismatchError` with the requirement and the space (``"needs a 1-D
+Box observation space, got Box(...)"``); :func:`build_policy` prefixes the policy name, giving one
+line such as ``policy 'mlp' needs a 1-D Box observation space, got Box(0, 255, (64, 64, 3), uint8)``.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import gymnasium as gym
+import numpy as np
+
+from .policies import CNNPolicy, MLPPolicy, Policy
+
+__all__ = ["POLICIES", "SpaceMismatchError", "register_policy", "build_policy"]
+
+
+class SpaceMismatchError(ValueError):
+    """A builder's spaces do not fit the policy; the message is '<requirement>, got <space>'."""
+
+
+def _check_action_space(action_space) -> None:
+    if not isinstance(action_space, (gym.spaces.Box, gym.spaces.Discrete)):
+        raise SpaceMismatchError(f"needs a Box or Discrete action space, got {action_space}")
+
+
+def _build_mlp(observation_space, action_space, **kwargs) -> MLPPolicy:
+    if not (isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 1):
+        raise SpaceMismatchError(f"needs a 1-D Box observation space, got {observation_space}")
+    _check_action_space(action_space)
+    return MLPPolicy(int(observation_space.shape[0]), action_space, **kwargs)
+
+
+def _build_cnn(observation_space, action_space, **kwargs) -> CNNPolicy:
+    if not (isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 3
+            and observation_space.dtype == np.uint8):
+        raise SpaceMismatchError(
+            f"needs a 3-D uint8 Box observation space (H, W, C), got {observation_space}"
+        )
+    _check_action_space(action_space)
+    return CNNPolicy(tuple(observation_space.shape), action_space, **kwargs)
+
+
+POLICIES: dict[str, Callable[..., Policy]] = {"mlp": _build_mlp, "cnn": _build_cnn}
+
+
+def register_policy(name: str, builder: Callable[..., Policy] | None = None):
+    """Register ``builder`` under ``name`` (replacing any previous one). Without ``builder``,
+    returns a decorator: ``@register_policy("mine")``."""
+    if builder is None:
+        def deco(fn: Callable[..., Policy]) -> Callable[..., Policy]:
+            POLICIES[name] = fn
+            return fn
+        return deco
+    POLICIES[name] = builder
+    return builder
+
+
+def build_policy(name: str, observation_space, action_space, **kwargs) -> Policy:
+    """Build policy ``name`` for the given spaces; extra kwargs go to the policy constructor.
+
+    Raises ``KeyError`` (listing known policies) for an unknown name and ``ValueError`` (one line
+    naming the policy and the space) when the spaces do not fit.
+    """
+    try:
+        builder = POLICIES[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown policy {name!r}; known policies: {', '.join(sorted(POLICIES))}"
+        ) from None
+    try:
+        return builder(observation_space, action_space, **kwargs)
+    except SpaceMismatchError as e:
+        raise ValueError(f"policy {name!r} {e}") from None
