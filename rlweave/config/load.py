@@ -1,0 +1,164 @@
+"""Loading a run's configuration: recipe YAML + Hydra overrides, checked against the schema.
+
+Every failure is a :class:`ConfigError` whose message is one line naming the key, raised before any
+worker starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rlweave.config.schema import Config
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+
+
+class ConfigError(ValueError):
+    """Bad configuration; the message is one line that names the key."""
+
+
+def list_recipes() -> dict[str, str]:
+    """Recipe name -> one-line description (the recipe's ``description`` key)."""
+    out = {}
+    for path in sorted(RECIPES_DIR.glob("*.yaml")):
+        data = OmegaConf.load(path)
+        out[path.stem] = str(data.get("description", ""))
+    return out
+
+
+def resolve_recipe(recipe: str) -> Path:
+    path = Path(recipe)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise ConfigError(f"recipe file not found: {path}")
+        return path
+    candidate = RECIPES_DIR / f"{recipe}.yaml"
+    if not candidate.is_file():
+        names = ", ".join(list_recipes())
+        raise ConfigError(f"unknown recipe '{recipe}'; known recipes: {names}")
+    return candidate
+
+
+def load_config(recipe: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Merges the recipe onto the schema, applies Hydra-syntax overrides (``key=value``,
+    ``+key=value`` for free-form dicts, ``~key``), and validates. Returns a read-only config."""
+    path = resolve_recipe(recipe)
+    try:
+        recipe_cfg = OmegaConf.load(path)
+    except Exception as e:  # noqa: BLE001 - YAML syntax errors carry the line
+        raise ConfigError(f"{path}: {_one_line(str(e))}") from None
+    cfg = validate(recipe_cfg)
+    apply_overrides(cfg, list(overrides))
+    cfg = validate(cfg)
+    if not cfg.recipe:
+        cfg.recipe = path.stem
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def apply_overrides(cfg: DictConfig, overrides: list[str]) -> None:
+    """Applies overrides in place. Parsing uses Hydra's own override grammar, so lists, quoting and
+    sweeps-free syntax behave as Hydra users expect; unknown keys are refused by the schema."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as e:
+        raise ConfigError(_one_line(str(e))) from None
+    OmegaConf.set_struct(cfg, True)
+    for o in parsed:
+        key = o.key_or_group
+        try:
+            if o.is_delete():
+                parent, _, leaf = key.rpartition(".")
+                node = OmegaConf.select(cfg, parent) if parent else cfg
+                if node is None or leaf not in node:
+                    raise ConfigError(f"config key '{key}': cannot delete, not set")
+                with _open_dict(node):
+                    del node[leaf]
+                continue
+            value = o.value()
+            if OmegaConf.select(cfg, key, default=_MISSING) is _MISSING and not o.is_add():
+                raise ConfigError(f"config key '{key}': unknown key")
+            if o.is_add():
+                parent = key.rpartition(".")[0]
+                node = OmegaConf.select(cfg, parent) if parent else cfg
+                if node is None or OmegaConf.get_type(node) is not dict:
+                    raise ConfigError(f"config key '{key}': unknown key ('+' adds keys only to free-form dicts such as env.kwargs)")
+                with _open_dict(node):
+                    OmegaConf.update(cfg, key, value, merge=True)
+            else:
+                OmegaConf.update(cfg, key, value, merge=True)
+        except OmegaConfBaseException as e:
+            raise ConfigError(_omegaconf_message(e, key)) from None
+
+
+_MISSING = object()
+
+
+def _open_dict(node):
+    from omegaconf import open_dict
+
+    return open_dict(node)
+
+
+def validate(raw: DictConfig | dict) -> DictConfig:
+    """Merges ``raw`` onto the schema (unknown keys, wrong types) and checks declared ranges."""
+    schema = OmegaConf.structured(Config)
+    try:
+        cfg = OmegaConf.merge(schema, raw)
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_omegaconf_message(e)) from None
+    _check_ranges(Config, cfg, "")
+    return cfg
+
+
+def _check_ranges(cls: type, node: Any, prefix: str) -> None:
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        value = node[f.name]
+        sub = _dataclass_type(f)
+        if sub is not None:
+            _check_ranges(sub, value, key + ".")
+            continue
+        if value is None:
+            continue
+        meta = f.metadata
+        if "choices" in meta and value not in meta["choices"]:
+            raise ConfigError(f"{key}: '{value}' is not one of {', '.join(meta['choices'])}")
+        if "min" in meta and isinstance(value, (int, float)) and value < meta["min"]:
+            raise ConfigError(f"{key}: must be >= {meta['min']}, got {value}")
+        if "max" in meta and isinstance(value, (int, float)) and value > meta["max"]:
+            raise ConfigError(f"{key}: must be <= {meta['max']}, got {value}")
+
+
+def _dataclass_type(f: dataclasses.Field) -> type | None:
+    factory = f.default_factory
+    if factory is not dataclasses.MISSING and isinstance(factory, type) and dataclasses.is_dataclass(factory):
+        return factory
+    return None
+
+
+def _omegaconf_message(e: OmegaConfBaseException, key: str | None = None) -> str:
+    key = getattr(e, "full_key", None) or key
+    msg = str(getattr(e, "msg", None) or e).splitlines()[0]
+    msg = re.sub(r"\s+", " ", msg).strip()
+    if key:
+        return f"config key '{key}': {msg}"
+    return _one_line(msg)
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)

@@ -1,0 +1,144 @@
+"""Typed schema of a run's configuration.
+
+Recipes are YAML files merged onto these dataclasses with OmegaConf, which already refuses unknown
+keys and values of the wrong type. Ranges and choices are declared next to each field
+(``metadata={"min": 1}``, ``{"choices": (...)}``) and checked by one generic walker in
+:mod:`rlweave.config.load`, instead of a hand-written validator per section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+
+def positive(default: int) -> Any:
+    return field(default=default, metadata={"min": 1})
+
+
+def non_negative(default: float) -> Any:
+    return field(default=default, metadata={"min": 0})
+
+
+def choice(default: str, *choices: str) -> Any:
+    return field(default=default, metadata={"choices": choices})
+
+
+@dataclass
+class ClusterConfig:
+    address: Optional[str] = None  # attach to a running Ray cluster; None = embedded Ray
+    num_cpus: Optional[int] = field(default=None, metadata={"min": 1})
+    num_gpus: Optional[int] = field(default=None, metadata={"min": 0})
+    dashboard: bool = False
+    local: bool = False  # one process, no Ray actors: breakpoint() works in worker code
+
+
+@dataclass
+class GroupSlotsConfig:
+    slots: str = ""
+    procs_per_slot: int = positive(1)
+
+
+@dataclass
+class PlacementConfig:
+    mode: str = choice("collocated", "collocated", "disaggregated", "hybrid", "auto")
+    groups: Dict[str, GroupSlotsConfig] = field(default_factory=dict)
+    oversubscribe: bool = False
+
+
+@dataclass
+class PixelsConfig:
+    enabled: bool = False
+    width: int = positive(64)
+    height: int = positive(64)
+    frame_stack: int = positive(1)
+
+
+@dataclass
+class EnvConfig:
+    id: str = "CartPole-v1"
+    num_workers: int = positive(1)
+    num_envs: int = positive(8)  # per worker
+    chunk: int = positive(1)  # env actions per policy decision
+    max_episode_steps: Optional[int] = field(default=None, metadata={"min": 1})
+    normalize_reward: bool = False
+    reward_clip: float = non_negative(10.0)
+    on_nonfinite: str = choice("error", "error", "drop")
+    pixels: PixelsConfig = field(default_factory=PixelsConfig)
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RolloutConfig:
+    num_workers: int = positive(1)
+
+
+@dataclass
+class ActorConfig:
+    num_workers: int = positive(1)
+
+
+@dataclass
+class PolicyConfig:
+    name: str = choice("mlp", "mlp", "cnn")
+    hidden: List[int] = field(default_factory=lambda: [64, 64])
+    activation: str = choice("tanh", "tanh", "relu")
+    normalize_obs: bool = False
+    log_std_init: float = 0.0
+    ortho_init: bool = True
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "ppo"
+    gamma: float = field(default=0.99, metadata={"min": 0, "max": 1})
+    gae_lambda: float = field(default=0.95, metadata={"min": 0, "max": 1})
+    clip_eps: float = field(default=0.2, metadata={"min": 0})
+    clip_eps_high: Optional[float] = field(default=None, metadata={"min": 0})
+    dual_clip: Optional[float] = field(default=None, metadata={"min": 1})
+    value_clip: Optional[float] = field(default=None, metadata={"min": 0})
+    vf_coef: float = non_negative(0.5)
+    ent_coef: float = non_negative(0.0)
+    epochs: int = positive(10)
+    minibatch_size: int = positive(64)
+    lr: float = field(default=3e-4, metadata={"min": 0})
+    lr_anneal: bool = False
+    clip_anneal: bool = False
+    max_grad_norm: float = non_negative(0.5)
+    norm_adv: bool = True
+    group_size: int = positive(8)  # GRPO: episodes that share a reset seed
+
+
+@dataclass
+class TrainConfig:
+    total_env_steps: int = positive(100_000)
+    rollout_steps: int = positive(128)  # policy decisions per env per iteration (max episode steps for GRPO)
+    eval_every: int = non_negative(10)  # iterations; 0 = never
+    eval_episodes: int = positive(10)
+    checkpoint_every: int = non_negative(25)  # iterations; 0 = only at the end
+    keep_checkpoints: int = positive(3)
+
+
+@dataclass
+class RunConfig:
+    dir: Optional[str] = None
+    progress: bool = True
+    tensorboard: bool = True
+    deterministic: bool = False
+
+
+@dataclass
+class Config:
+    recipe: str = ""
+    description: str = ""
+    seed: int = non_negative(0)
+    runner: str = choice("onpolicy", "onpolicy")
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run: RunConfig = field(default_factory=RunConfig)
