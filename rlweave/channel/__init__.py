@@ -1,0 +1,32 @@
+"""Channels: named, keyed, bounded FIFOs between worker groups and the driver.
+
+See :mod:`rlweave.channel.channel` for the semantics of both backends (Ray actor, in-process).
+"""
+
+from ._core import (
+    DEFAULT_REF_THRESHOLD,
+    ChannelClosed,
+    ChannelEmpty,
+    ChannelError,
+    ChannelFull,
+    Envelope,
+    estimate_nbytes,
+    resolve_version,
+)
+from ._actor import ChannelActor
+from .channel import Channel, LocalChannel, RayChannel
+
+__all__ = [
+    "Channel",
+    "ChannelActor",
+    "ChannelClosed",
+    "ChannelEmpty",
+    "ChannelError",
+    "ChannelFull",
+    "DEFAULT_REF_THRESHOLD",
+    "Envelope",
+    "LocalChannel",
+    "RayChannel",
+    "estimate_nbytes",
+    "resolve_version",
+]

@@ -5,13 +5,16 @@ The class is plain Python (no Ray import); :mod:`rlweave.channel.channel` wraps 
 ``get_batch``) happens here on the actor's event loop, so a blocked caller costs one pending call,
 not a thread. Methods return status tuples; the client turns them into the channel's exceptions.
 
-Large payloads arrive as ``[ObjectRef]`` (wrapped in a list so that Ray does not resolve them); the
-actor stores and returns the list untouched, so the bytes never pass through this process.
+Payloads are opaque here: small items arrive as cloudpickled bytes (so the actor never imports the
+user's classes, e.g. torch for a TensorDict, and never re-pickles them), large ones as ``[ObjectRef]``
+(wrapped in a list so that Ray does not resolve them); the actor stores and returns them untouched,
+so large payloads never pass through this process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any, Hashable
 
 from ._core import Entry, Store
@@ -56,7 +59,7 @@ class ChannelActor:
         return {"name": self._name, "maxsize": self._store.maxsize, "ref_threshold": self._ref_threshold}
 
     async def put(
-        self, payload: Any, key: Hashable, weight: float, version: int | None, by_ref: bool, timeout: float | None
+        self, payload: Any, key: Hashable, weight: float, version: int | None, enc: int, timeout: float | None
     ) -> str:
         """``timeout``: 0 = non-blocking, None = wait for space forever."""
         cond = self._condition()
@@ -69,7 +72,7 @@ class ChannelActor:
                 while self._store.full():
                     if not await self._wait(cond, deadline):
                         return FULL
-            self._store.push(key, weight, version, payload, by_ref)
+            self._store.push(key, weight, version, payload, enc)
             cond.notify_all()
             return OK
 
@@ -118,7 +121,12 @@ class ChannelActor:
 
     async def stats(self) -> dict:
         """Debug counters: ``puts_inline``, ``puts_by_ref``, ``gets``, ``size``, ``blocked_puts``, ..."""
-        return {**self._store.stats(), "blocked_puts": self._blocked_puts, "backend": "ray"}
+        return {
+            **self._store.stats(),
+            "blocked_puts": self._blocked_puts,
+            "backend": "ray",
+            "actor_imported_torch": "torch" in sys.modules,  # payloads are opaque: stays False
+        }
 
     async def ping(self) -> str:
         return self._name

@@ -52,7 +52,9 @@ class Envelope:
 class Entry(NamedTuple):
     """What a store holds: the envelope fields with ``payload`` still encoded.
 
-    ``by_ref`` is True when ``payload`` is ``[ObjectRef]`` (Ray backend, large items).
+    ``enc`` says how ``payload`` holds the item: :data:`ENC_OBJECT` (the item itself),
+    :data:`ENC_PICKLED` (cloudpickled bytes, Ray backend, small items) or :data:`ENC_REF`
+    (``[ObjectRef]``, Ray backend, large items).
     """
 
     seq: int
@@ -60,7 +62,10 @@ class Entry(NamedTuple):
     weight: float
     version: int | None
     payload: Any
-    by_ref: bool
+    enc: int
+
+
+ENC_OBJECT, ENC_PICKLED, ENC_REF = 0, 1, 2
 
 
 # --------------------------------------------------------------------------- helpers
@@ -204,15 +209,15 @@ class Store:
         }
 
     # -- mutations
-    def push(self, key: Hashable, weight: float, version: int | None, payload: Any, by_ref: bool) -> Entry:
-        entry = Entry(self._next_seq, key, float(weight), version, payload, bool(by_ref))
+    def push(self, key: Hashable, weight: float, version: int | None, payload: Any, enc: int) -> Entry:
+        entry = Entry(self._next_seq, key, float(weight), version, payload, int(enc))
         self._next_seq += 1
         d = self._by_key.get(key)
         if d is None:
             d = self._by_key[key] = deque()
         d.append(entry)
         self._size += 1
-        self.counts["puts_by_ref" if by_ref else "puts_inline"] += 1
+        self.counts["puts_by_ref" if enc == ENC_REF else "puts_inline"] += 1
         return entry
 
     def pop(self, key: Hashable = None) -> Entry | None:

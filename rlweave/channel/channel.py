@@ -27,7 +27,9 @@ Semantics, both backends:
   the same key may interleave (each result is still in FIFO order).
 * Errors are one line naming the channel, e.g. ``ChannelFull: channel 'obs' is full (maxsize=4)``.
 
-Large payloads (Ray backend): when the estimated payload size (:func:`estimate_nbytes`: numpy
+Payloads (Ray backend): small items are cloudpickled by the producer and travel as bytes that the
+channel actor stores without looking inside (it never imports the item's classes); items holding
+Ray handles (ObjectRefs, actor handles) travel as objects so Ray tracks the references. When the estimated payload size (:func:`estimate_nbytes`: numpy
 arrays / torch tensors at top level, in a TensorDict, or in dicts/lists) is at least
 ``ref_threshold`` bytes (default 64 KiB), the producer ``ray.put``s the item itself and sends only the
 ObjectRef to the channel actor; the consumer ``ray.get``s it. Numpy arrays then come back zero-copy
@@ -44,6 +46,7 @@ afterwards; use timeouts for graceful shutdown. Inside async actors use ``aput``
 from __future__ import annotations
 
 import asyncio
+import pickle
 import threading
 import time
 from typing import Any, Hashable
@@ -51,6 +54,9 @@ from typing import Any, Hashable
 from ._actor import EMPTY, FULL, OK, ChannelActor
 from ._core import (
     DEFAULT_REF_THRESHOLD,
+    ENC_OBJECT,
+    ENC_PICKLED,
+    ENC_REF,
     ChannelClosed,
     ChannelEmpty,
     ChannelFull,
@@ -170,6 +176,47 @@ class Channel:
 _remote_actor_cls = None
 
 
+class _NeedsRaySerialization(Exception):
+    pass
+
+
+_dumps = None
+
+
+def _pickle_or_object(item: Any) -> tuple[Any, int]:
+    """Small items: cloudpickled bytes, unless they hold Ray handles (ObjectRefs, actor handles),
+    which only Ray's own serialisation tracks correctly; those travel as objects."""
+    global _dumps
+    if item is None or type(item) in (int, float, bool, str, bytes):
+        return item, ENC_OBJECT  # nothing to gain
+    if _dumps is None:
+        import io
+
+        import ray
+        import ray.cloudpickle as cloudpickle
+
+        ray_types = tuple(
+            t for t in (ray.ObjectRef, ray.actor.ActorHandle, getattr(ray, "ObjectRefGenerator", None)) if t
+        )
+
+        class _Pickler(cloudpickle.CloudPickler):
+            def reducer_override(self, obj):
+                if isinstance(obj, ray_types):
+                    raise _NeedsRaySerialization
+                return super().reducer_override(obj)
+
+        def dumps(obj) -> bytes:
+            buf = io.BytesIO()
+            _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+            return buf.getvalue()
+
+        _dumps = dumps
+    try:
+        return _dumps(item), ENC_PICKLED
+    except _NeedsRaySerialization:
+        return item, ENC_OBJECT
+
+
 def _actor_class():
     global _remote_actor_cls
     if _remote_actor_cls is None:
@@ -240,32 +287,40 @@ class RayChannel(Channel):
         return cls(name, actor, cfg["maxsize"], cfg["ref_threshold"])
 
     # ---------------------------------------------------------------- encoding
-    def _encode(self, item: Any) -> tuple[Any, bool]:
+    def _encode(self, item: Any) -> tuple[Any, int]:
         if self.ref_threshold > 0 and estimate_nbytes(item) >= self.ref_threshold:
             import ray
 
-            return [ray.put(item)], True
-        return item, False
+            return [ray.put(item)], ENC_REF
+        return _pickle_or_object(item)
 
     @staticmethod
-    def _decode(entries: list[Entry]) -> list[Envelope]:
-        refs = [e.payload[0] for e in entries if e.by_ref]
+    def _envelopes(entries: list[Entry], refs_values: list) -> list[Envelope]:
+        values = iter(refs_values)
+        out = []
+        for e in entries:
+            if e.enc == ENC_REF:
+                item = next(values)
+            elif e.enc == ENC_PICKLED:
+                item = pickle.loads(e.payload)
+            else:
+                item = e.payload
+            out.append(Envelope(item, e.key, e.weight, e.version, e.seq))
+        return out
+
+    @classmethod
+    def _decode(cls, entries: list[Entry]) -> list[Envelope]:
+        refs = [e.payload[0] for e in entries if e.enc == ENC_REF]
         if refs:
             import ray
 
-            values = iter(ray.get(refs))
-        return [
-            Envelope(next(values) if e.by_ref else e.payload, e.key, e.weight, e.version, e.seq) for e in entries
-        ]
+            return cls._envelopes(entries, ray.get(refs))
+        return cls._envelopes(entries, [])
 
-    @staticmethod
-    async def _adecode(entries: list[Entry]) -> list[Envelope]:
-        refs = [e.payload[0] for e in entries if e.by_ref]
-        if refs:
-            values = iter(await asyncio.gather(*refs))
-        return [
-            Envelope(next(values) if e.by_ref else e.payload, e.key, e.weight, e.version, e.seq) for e in entries
-        ]
+    @classmethod
+    async def _adecode(cls, entries: list[Entry]) -> list[Envelope]:
+        refs = [e.payload[0] for e in entries if e.enc == ENC_REF]
+        return cls._envelopes(entries, list(await asyncio.gather(*refs)) if refs else [])
 
     def _call(self, ref):
         import ray
@@ -303,8 +358,8 @@ class RayChannel(Channel):
         self._check_open()
         timeout = check_timeout(block, timeout)
         version = resolve_version(item, version)
-        payload, by_ref = self._encode(item)
-        status = self._call(self._actor.put.remote(payload, key, float(weight), version, by_ref, timeout))
+        payload, enc = self._encode(item)
+        status = self._call(self._actor.put.remote(payload, key, float(weight), version, enc, timeout))
         if status != OK:
             raise self._full_error(timeout)
 
@@ -362,8 +417,8 @@ class RayChannel(Channel):
         self._check_open()
         timeout = check_timeout(block, timeout)
         version = resolve_version(item, version)
-        payload, by_ref = self._encode(item)
-        status = await self._acall(self._actor.put.remote(payload, key, float(weight), version, by_ref, timeout))
+        payload, enc = self._encode(item)
+        status = await self._acall(self._actor.put.remote(payload, key, float(weight), version, enc, timeout))
         if status != OK:
             raise self._full_error(timeout)
 
@@ -494,11 +549,14 @@ class LocalChannel(Channel):
                     self._async_waiters.discard(waiter)
 
     # ---------------------------------------------------------------- attempts (run under the lock)
-    def _put_attempt(self, item, key, weight, version, counted: list):
+    def _put_attempt(self, item, key, weight, version, timeout: float | None):
+        counted = timeout == 0  # a non-blocking put that fails is not a blocked put
+
         def attempt() -> bool:
+            nonlocal counted
             if self._store.full():
                 if not counted:
-                    counted.append(True)
+                    counted = True
                     self._blocked_puts += 1
                 return False
             self._store.push(key, weight, version, item, False)
@@ -551,7 +609,7 @@ class LocalChannel(Channel):
     ) -> None:
         timeout = check_timeout(block, timeout)
         version = resolve_version(item, version)
-        if not self._run_sync(self._put_attempt(item, key, float(weight), version, []), timeout):
+        if not self._run_sync(self._put_attempt(item, key, float(weight), version, timeout), timeout):
             raise self._full_error(timeout)
 
     def get_envelope(self, key: Hashable = None, *, block: bool = True, timeout: float | None = None) -> Envelope:
@@ -615,7 +673,7 @@ class LocalChannel(Channel):
     ) -> None:
         timeout = check_timeout(block, timeout)
         version = resolve_version(item, version)
-        if not await self._run_async(self._put_attempt(item, key, float(weight), version, []), timeout):
+        if not await self._run_async(self._put_attempt(item, key, float(weight), version, timeout), timeout):
             raise self._full_error(timeout)
 
     async def aget_envelope(

@@ -44,6 +44,7 @@ class PlacementConfig:
     mode: str = choice("collocated", "collocated", "disaggregated", "hybrid", "auto")
     groups: Dict[str, GroupSlotsConfig] = field(default_factory=dict)
     oversubscribe: bool = False
+    derived: Dict[str, Any] = field(default_factory=dict)  # written by the run: mode and slots it used
 
 
 @dataclass

@@ -31,6 +31,16 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
 
+    def _apply(self, fn, recurse=True):
+        # Keep the statistics in float64 through module.half()/.to(dtype): only devices change.
+        saved = {k: b for k, b in self._buffers.items() if b is not None}
+        super()._apply(fn, recurse)
+        for k, old in saved.items():
+            new = self._buffers[k]
+            if new is not None and new.dtype != old.dtype:
+                self._buffers[k] = old.to(device=new.device)
+        return self
+
     def extra_repr(self) -> str:
         return f"shape={self.shape}, count={int(self.count.item())}"
 

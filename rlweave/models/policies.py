@@ -229,9 +229,12 @@ class MLPPolicy(Policy):
             self.critic_head = _init_layer(nn.Linear(feat, 1), 1.0, ortho_init)
 
     def _prep(self, obs: Tensor) -> Tensor:
+        dtype = self.actor_head.weight.dtype
+        if obs.dtype != dtype:
+            obs = obs.to(dtype)
         if self.obs_rms is not None:
             return self.obs_rms.normalize(obs)
-        return obs if obs.dtype == torch.float32 else obs.float()
+        return obs
 
     def _run(self, body: nn.Sequential, x: Tensor) -> Tensor:
         # Fast path: F.linear + functional activation, skipping nn.Module.__call__ overhead
@@ -310,7 +313,8 @@ class CNNPolicy(Policy):
             self.critic_head = _init_layer(nn.Linear(int(hidden), 1), 1.0, ortho_init)
 
     def _encode(self, obs: Tensor) -> Tensor:
-        x = obs.permute(0, 3, 1, 2).float() * (1.0 / 255.0)  # not in place: obs may be float
+        dtype = self.actor_head.weight.dtype
+        x = obs.permute(0, 3, 1, 2).to(dtype) * (1.0 / 255.0)  # not in place: obs may be float
         return self.encoder(x)
 
     def _forward(self, obs: Tensor, with_value: bool) -> tuple[Tensor, Tensor | None]:

@@ -1,0 +1,1 @@
+"""Run outputs shared by every runner: metrics, traces, progress, checkpoints."""

@@ -1,0 +1,180 @@
+"""The ``rlweave`` command: train, resume, eval, plot, recipes, bench."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+RUNNERS = {"onpolicy": "rlweave.runners.onpolicy:OnPolicyRunner"}
+
+
+def _runner_class(name: str):
+    module, _, cls = RUNNERS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def _fail(message: str) -> int:
+    print(f"rlweave: error: {message}", file=sys.stderr)
+    return 2
+
+
+def cmd_recipes(args) -> int:
+    from rlweave.config import list_recipes
+
+    recipes = list_recipes()
+    width = max(len(n) for n in recipes)
+    for name, desc in recipes.items():
+        print(f"{name:<{width}}  {desc}")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from rlweave.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.recipe, args.overrides)
+        run_dir = Path(cfg.run.dir) if cfg.run.dir else Path("runs") / cfg.recipe / time.strftime("%Y%m%d-%H%M%S")
+        if (run_dir / "metrics.jsonl").exists():
+            return _fail(f"run.dir: {run_dir} already holds a run; use 'rlweave resume {run_dir}' or another run.dir")
+        runner = _runner_class(cfg.runner)(cfg, run_dir)
+    except (ConfigError, FileNotFoundError) as e:
+        return _fail(str(e))
+    print(f"[rlweave] run folder: {run_dir}")
+    return _execute(runner)
+
+
+def cmd_resume(args) -> int:
+    from omegaconf import OmegaConf
+
+    from rlweave.config import ConfigError, validate
+
+    run_dir = Path(args.run_dir)
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return _fail(f"{run_dir}: no config.yaml (not a run folder)")
+    try:
+        cfg = validate(OmegaConf.load(path))
+        cfg.run.dir = str(run_dir)
+        OmegaConf.set_readonly(cfg, True)
+        runner = _runner_class(cfg.runner)(cfg, run_dir, resume=True)
+    except ConfigError as e:
+        return _fail(f"{path}: {e}")
+    return _execute(runner)
+
+
+def _execute(runner) -> int:
+    from rlweave.cluster import PlacementError, WorkerError
+    from rlweave.config import ConfigError
+
+    try:
+        last = runner.run()
+    except (ConfigError, PlacementError, FileNotFoundError) as e:
+        return _fail(str(e))
+    except WorkerError as e:
+        print(f"rlweave: run stopped: {e.short}", file=sys.stderr)
+        print(e.remote_traceback, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("rlweave: interrupted", file=sys.stderr)
+        return 130
+    summary = {k: v for k, v in last.items() if k in ("iteration", "env_steps", "train/episode_return", "eval/episode_return")}
+    print(f"[rlweave] done: {json.dumps(summary)}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from omegaconf import OmegaConf
+
+    from rlweave.config import validate
+    from rlweave.runners.evaluate import evaluate_policy
+    from rlweave.runners.onpolicy import check_compatible, _policy_kwargs
+    from rlweave.algorithms import get_algorithm
+    from rlweave.models import build_policy
+    from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        return _fail(f"{run_dir}: no config.yaml (not a run folder)")
+    cfg = validate(OmegaConf.load(run_dir / "config.yaml"))
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        return _fail(f"{run_dir}: no checkpoint to evaluate")
+    obs_space, act_space = check_compatible(cfg)
+    policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk,
+                          critic=get_algorithm(cfg.algorithm.name).uses_critic, **_policy_kwargs(cfg))
+    policy.load_state_dict(load_checkpoint(ckpt)["actor"]["policy"])
+    result = evaluate_policy(policy, OmegaConf.to_container(cfg.env), args.episodes, seed=args.seed, gamma=cfg.algorithm.gamma)
+    result = {"checkpoint": ckpt.name, "episodes": args.episodes, **result}
+    print(json.dumps(result))
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from rlweave.utils.plot import plot_runs
+
+    try:
+        out = plot_runs(args.run_dirs, args.output, metrics=args.metric, x=args.x)
+    except (FileNotFoundError, ValueError) as e:
+        return _fail(str(e))
+    print(f"[rlweave] wrote {out}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    root = Path(__file__).resolve().parent.parent / "benchmarks"
+    path = root / f"{args.name.replace('-', '_')}.py"
+    if not path.is_file():
+        names = sorted(p.stem.replace("_", "-") for p in root.glob("*.py") if not p.stem.startswith("_"))
+        return _fail(f"unknown benchmark '{args.name}'; known: {', '.join(names)}")
+    spec = importlib.util.spec_from_file_location(f"rlweave_bench_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    argv = list(args.rest)
+    if args.json:
+        argv += ["--json", args.json]
+    module.main(argv)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlweave", description="RL post-training for embodied and agentic AI, on Ray")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("train", help="train a recipe: rlweave train RECIPE [key=value ...]")
+    s.add_argument("recipe", help="packaged recipe name (see 'rlweave recipes') or path to a YAML file")
+    s.add_argument("overrides", nargs="*", help="Hydra-style overrides, e.g. seed=1 env.num_envs=16")
+    s.set_defaults(fn=cmd_train)
+    s = sub.add_parser("resume", help="continue a run from its newest checkpoint")
+    s.add_argument("run_dir")
+    s.set_defaults(fn=cmd_resume)
+    s = sub.add_parser("eval", help="evaluate a run's newest checkpoint (deterministic policy)")
+    s.add_argument("run_dir")
+    s.add_argument("--episodes", type=int, default=10)
+    s.add_argument("--seed", type=int, default=12345)
+    s.set_defaults(fn=cmd_eval)
+    s = sub.add_parser("plot", help="learning curves of one or more runs to a PNG")
+    s.add_argument("run_dirs", nargs="+")
+    s.add_argument("-o", "--output", default="curves.png")
+    s.add_argument("--metric", action="append", help="metric(s) to plot (default: train and eval returns)")
+    s.add_argument("--x", default="env_steps", help="x axis: env_steps, iteration or wall_time")
+    s.set_defaults(fn=cmd_plot)
+    s = sub.add_parser("recipes", help="list packaged recipes")
+    s.set_defaults(fn=cmd_recipes)
+    s = sub.add_parser("bench", help="run a benchmark from benchmarks/: rlweave bench NAME [--json FILE]")
+    s.add_argument("name")
+    s.add_argument("--json", default=None)
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+    s.set_defaults(fn=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""The environment contract: a batch of gymnasium environments stepped together.
+
+:class:`VectorEnv` wraps gymnasium's synchronous vector env (on 2 cores it beats the async one) in
+same-step auto-reset mode and adds what every rlweave workflow needs from the env layer:
+
+* action chunks: one policy decision carries ``chunk`` env actions, stepped here;
+* episode statistics (return, length, success) computed from the raw rewards;
+* optional reward scaling (running std of the discounted return, as in PPO implementations);
+* a check that observations and rewards are finite, failing with env id, worker rank and step
+  (or dropping the offending episode and counting it, when configured);
+* the final observation of truncated episodes, so learners can bootstrap through time limits.
+
+Simulators register a *suite* (``gym`` is built in); ``suite/task`` ids go to that suite's maker,
+imported lazily so a missing optional simulator only fails when asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import gymnasium as gym
+import numpy as np
+
+
+class EnvError(RuntimeError):
+    """An environment misbehaved; the message names env id, worker rank and step."""
+
+
+# --------------------------------------------------------------------------- suites (registry)
+# suite name -> "module:function" building ONE gymnasium env: fn(task, render: dict | None, **kwargs)
+SUITES: dict[str, tuple[str, str]] = {
+    "gym": ("rlweave.envs.gym_suite:make_env", ""),
+}
+
+
+def register_suite(name: str, target: str, extra: str = "") -> None:
+    """Registers a simulator suite by import path, so its package is imported only when used."""
+    SUITES[name] = (target, extra)
+
+
+def env_maker(env_id: str) -> Callable[..., gym.Env]:
+    suite, _, task = env_id.partition("/") if "/" in env_id and env_id.split("/")[0] in SUITES else ("gym", "", env_id)
+    target, extra = SUITES[suite]
+    module, _, fn = target.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        hint = f"; install it with: pip install 'rlweave[{extra}]'" if extra else ""
+        raise EnvError(f"env.id '{env_id}': suite '{suite}' is not installed ({e}){hint}") from None
+    make = getattr(mod, fn)
+    return lambda **kw: make(task, **kw)
+
+
+# --------------------------------------------------------------------------- statistics
+@dataclass
+class EpisodeStats:
+    """Accumulates raw per-env returns and reports finished episodes."""
+
+    num_envs: int
+    returns: np.ndarray = field(init=False)
+    lengths: np.ndarray = field(init=False)
+    finished_returns: list = field(default_factory=list)
+    finished_lengths: list = field(default_factory=list)
+    finished_success: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.returns = np.zeros(self.num_envs, dtype=np.float64)
+        self.lengths = np.zeros(self.num_envs, dtype=np.int64)
+
+    def finish(self, i: int, success: float | None) -> None:
+        self.finished_returns.append(float(self.returns[i]))
+        self.finished_lengths.append(int(self.lengths[i]))
+        if success is not None:
+            self.finished_success.append(float(success))
+        self.returns[i] = 0.0
+        self.lengths[i] = 0
+
+    def drop(self, i: int) -> None:
+        self.returns[i] = 0.0
+        self.lengths[i] = 0
+
+    def pop(self) -> dict[str, list]:
+        out = {"return": self.finished_returns, "length": self.finished_lengths, "success": self.finished_success}
+        self.finished_returns, self.finished_lengths, self.finished_success = [], [], []
+        return out
+
+
+class RewardScaler:
+    """Divides rewards by the running std of the discounted return (PPO's reward normalisation)."""
+
+    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0, eps: float = 1e-8):
+        self.gamma, self.clip, self.eps = gamma, clip, eps
+        self.ret = np.zeros(num_envs, dtype=np.float64)
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-4
+
+    def __call__(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+        self.ret = self.ret * self.gamma + reward
+        self._update(self.ret)
+        self.ret[done] = 0.0
+        scaled = reward / np.sqrt(self.var + self.eps)
+        return np.clip(scaled, -self.clip, self.clip) if self.clip > 0 else scaled
+
+    def _update(self, x: np.ndarray) -> None:
+        batch_mean, batch_var, n = float(x.mean()), float(x.var()), x.shape[0]
+        delta, total = batch_mean - self.mean, self.count + n
+        self.mean += delta * n / total
+        m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / total
+        self.var, self.count = m2 / total, total
+
+    def state_dict(self) -> dict:
+        return {"ret": self.ret.copy(), "mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.ret, self.mean, self.var, self.count = s["ret"].copy(), s["mean"], s["var"], s["count"]
+
+
+# --------------------------------------------------------------------------- the vector env
+@dataclass
+class StepResult:
+    """One policy decision's outcome over the batch (rewards summed over the chunk).
+
+    ``obs`` is the observation for the next decision: after a finished episode, the first
+    observation of the next one."""
+
+    obs: np.ndarray
+    reward: np.ndarray  # possibly scaled; raw rewards go to the episode statistics
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_obs: dict[int, np.ndarray]  # env index -> last observation of a truncated episode
+    dropped: np.ndarray  # envs whose episode was dropped for non-finite values
+
+
+class VectorEnv:
+    """``num_envs`` gymnasium envs stepped in one process.
+
+    The envs are stepped in a plain loop rather than through ``gym.vector.SyncVectorEnv`` because an
+    action chunk must stop stepping an env whose episode ended mid-chunk (a vector env would keep
+    stepping its freshly reset episode with the rest of the old chunk).
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        seed: int,
+        chunk: int = 1,
+        rank: int = 0,
+        max_episode_steps: int | None = None,
+        pixels: dict | None = None,
+        normalize_reward: bool = False,
+        gamma: float = 0.99,
+        reward_clip: float = 10.0,
+        on_nonfinite: str = "error",
+        kwargs: dict | None = None,
+    ):
+        self.env_id, self.num_envs, self.chunk, self.rank = env_id, num_envs, chunk, rank
+        self.on_nonfinite = on_nonfinite
+        make = env_maker(env_id)
+        make_kwargs: dict[str, Any] = dict(kwargs or {})
+        if max_episode_steps is not None:
+            make_kwargs["max_episode_steps"] = max_episode_steps
+        if pixels and pixels.get("enabled"):
+            make_kwargs["pixels"] = pixels
+        self.envs = [make(**make_kwargs) for _ in range(num_envs)]
+        self.single_observation_space = self.envs[0].observation_space
+        self.single_action_space = self.envs[0].action_space
+        self._box = isinstance(self.single_action_space, gym.spaces.Box)
+        self.stats = EpisodeStats(num_envs)
+        self.scaler = RewardScaler(num_envs, gamma, reward_clip) if normalize_reward else None
+        self.steps = 0  # env steps taken by this worker (every env, every chunk element)
+        self.dropped_episodes = 0
+        self._obs: np.ndarray | None = None
+        self._rng = np.random.default_rng(seed)
+
+    def _seeds(self, n: int) -> list[int]:
+        return [int(s) for s in self._rng.integers(0, 2**31 - 1, size=n)]
+
+    # -- reset/step --------------------------------------------------------------------------
+    def reset(self, seed: list[int] | None = None) -> np.ndarray:
+        """Resets every env (``seed``: one per env; default: drawn from this worker's RNG)."""
+        seeds = self._seeds(self.num_envs) if seed is None else list(seed)
+        obs = np.stack([env.reset(seed=s)[0] for env, s in zip(self.envs, seeds)])
+        self._check(obs, None, "reset")
+        self._obs = obs
+        self.stats.returns[:] = 0
+        self.stats.lengths[:] = 0
+        return obs
+
+    @property
+    def obs(self) -> np.ndarray:
+        return self.reset() if self._obs is None else self._obs
+
+    def step(self, actions: np.ndarray, auto_reset: bool = True, active: np.ndarray | None = None) -> StepResult:
+        """Steps one decision: ``actions`` is [num_envs, chunk, *action_shape]. A finished env is
+        reset at once (its final observation is kept when the episode was truncated), unless
+        ``auto_reset`` is off; envs with ``active[i] == False`` are not stepped at all."""
+        n = self.num_envs
+        obs = self.obs.copy()
+        total = np.zeros(n, dtype=np.float64)
+        terminated = np.zeros(n, dtype=bool)
+        truncated = np.zeros(n, dtype=bool)
+        dropped = np.zeros(n, dtype=bool)
+        success = np.full(n, np.nan)
+        final_obs: dict[int, np.ndarray] = {}
+        if self._box:
+            space = self.single_action_space
+            actions = np.clip(actions, space.low, space.high)
+        for i, env in enumerate(self.envs):
+            if active is not None and not active[i]:
+                continue
+            for c in range(self.chunk):
+                o, r, te, tr, info = env.step(actions[i, c])
+                self.steps += 1
+                if not _finite(o, r):
+                    if self.on_nonfinite == "error":
+                        what = "reward" if np.all(np.isfinite(np.asarray(o, dtype=float))) else "observation"
+                        raise EnvError(
+                            f"env '{self.env_id}' (env worker rank {self.rank}, env {i}, step {self.steps}) "
+                            f"returned a non-finite {what}"
+                        )
+                    dropped[i] = True
+                    break
+                total[i] += r
+                self.stats.returns[i] += r
+                self.stats.lengths[i] += 1
+                obs[i] = o
+                if te or tr:
+                    terminated[i], truncated[i] = bool(te), bool(tr and not te)
+                    if "success" in info or "is_success" in info:
+                        success[i] = float(info.get("success", info.get("is_success")))
+                    break
+        done = terminated | truncated
+        for i in np.flatnonzero(done):
+            self.stats.finish(int(i), None if np.isnan(success[i]) else success[i])
+            if truncated[i]:
+                final_obs[int(i)] = obs[i].copy()
+        for i in np.flatnonzero(dropped):
+            self.dropped_episodes += 1
+            self.stats.drop(int(i))
+            total[i] = 0.0
+            terminated[i] = True  # the episode ends here for the learner; nothing to bootstrap
+        if auto_reset:
+            for i in np.flatnonzero(done | dropped):
+                obs[i] = self.envs[i].reset(seed=self._seeds(1)[0])[0]
+        scaled = self.scaler(total, terminated | truncated) if self.scaler is not None else total
+        self._obs = obs
+        return StepResult(obs, scaled.astype(np.float32), terminated, truncated, final_obs, dropped)
+
+    # -- checks ------------------------------------------------------------------------------
+    def _check(self, obs: np.ndarray, reward: np.ndarray | None, where: str) -> None:
+        for i in range(obs.shape[0]):
+            if not _finite(obs[i], 0.0 if reward is None else reward[i]):
+                raise EnvError(
+                    f"env '{self.env_id}' (env worker rank {self.rank}, env {i}, step {self.steps}) "
+                    f"returned a non-finite observation on {where}"
+                )
+
+    def episode_stats(self) -> dict[str, list]:
+        return self.stats.pop()
+
+    # -- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "rng": self._rng.bit_generator.state,
+            "steps": self.steps,
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "dropped_episodes": self.dropped_episodes,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self._rng.bit_generator.state = state["rng"]
+        self.steps = state["steps"]
+        self.dropped_episodes = state.get("dropped_episodes", 0)
+        if self.scaler and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self._obs = None  # the next collect starts fresh episodes from the restored RNG
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def _finite(obs, reward) -> bool:
+    o = np.asarray(obs)
+    return bool(np.isfinite(reward)) and (o.dtype.kind != "f" or bool(np.isfinite(o).all()))
+
+
+def space_info(env_id: str, pixels: dict | None = None, kwargs: dict | None = None) -> tuple[gym.Space, gym.Space]:
+    """Observation and action spaces of one env, without keeping it (driver-side set-up)."""
+    make_kwargs = dict(kwargs or {})
+    if pixels and pixels.get("enabled"):
+        make_kwargs["pixels"] = pixels
+    env = env_maker(env_id)(**make_kwargs)
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+os.environ.setdefault("MUJOCO_GL", "egl")

@@ -1,0 +1,49 @@
+"""Evaluation: deterministic episodes of a policy on separately seeded environments."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rlweave.envs import VectorEnv
+from rlweave.models import Policy
+
+
+def evaluate_policy(policy: Policy, env_cfg: dict, episodes: int, seed: int, gamma: float = 0.99) -> dict:
+    """Runs exactly one deterministic episode on each of ``episodes`` envs (no early stopping
+    bias towards short episodes). Returns mean/std return, mean length and success rate."""
+    env = VectorEnv(
+        env_cfg["id"],
+        episodes,
+        seed=seed,
+        chunk=env_cfg.get("chunk", 1),
+        rank=-1,
+        max_episode_steps=env_cfg.get("max_episode_steps"),
+        pixels=env_cfg.get("pixels"),
+        gamma=gamma,
+        kwargs=env_cfg.get("kwargs"),
+    )
+    try:
+        obs = env.reset()
+        active = np.ones(episodes, dtype=bool)
+        float_obs = obs.dtype != np.uint8
+        policy.eval()
+        while active.any():
+            with torch.inference_mode():
+                t = torch.from_numpy(obs)
+                action, _, _ = policy.act(t.float() if float_obs else t, deterministic=True)
+            res = env.step(action.numpy(), auto_reset=False, active=active)
+            active &= ~(res.terminated | res.truncated)
+            obs = res.obs
+        stats = env.episode_stats()
+    finally:
+        env.close()
+    returns = np.asarray(stats["return"], dtype=np.float64)
+    out = {
+        "eval/episode_return": float(returns.mean()),
+        "eval/episode_return_std": float(returns.std()),
+        "eval/episode_length": float(np.mean(stats["length"])),
+    }
+    if stats["success"]:
+        out["eval/success_rate"] = float(np.mean(stats["success"]))
+    return out

@@ -1,0 +1,138 @@
+"""Run outputs: metrics.jsonl, TensorBoard events, a Chrome trace of stage timings, progress line."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+
+class MetricsWriter:
+    """Appends one JSON object per logged iteration; mirrors scalars to TensorBoard.
+
+    Each line is written and flushed whole, so a crash leaves at most a missing last line, never
+    a corrupt earlier one.
+    """
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(run_dir))
+
+    def log(self, record: dict) -> None:
+        clean = {k: _jsonable(v) for k, v in record.items()}
+        self._file.write(json.dumps(clean) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            step = int(record.get("env_steps", record.get("iteration", 0)))
+            for k, v in clean.items():
+                if isinstance(v, (int, float)) and k not in ("iteration", "env_steps") and v is not None:
+                    self._tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _jsonable(v):
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a torn last line from a crash: ignore it
+    return out
+
+
+def truncate_metrics(run_dir: str | Path, last_iteration: int) -> None:
+    """Keeps only lines up to ``last_iteration`` (resume rewinds to a checkpoint). Atomic."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return
+    keep = [r for r in read_metrics(run_dir) if r.get("iteration", 0) <= last_iteration]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class Trace:
+    """Chrome trace-event file (opens in Perfetto / chrome://tracing): one track per worker group."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / "trace.json"
+        self.events: list[dict] = []
+        self.t0 = time.perf_counter()
+        self._tids: dict[str, int] = {}
+
+    def span(self, track: str, name: str, start: float, duration: float, args: dict | None = None) -> None:
+        tid = self._tids.setdefault(track, len(self._tids) + 1)
+        self.events.append(
+            {"name": name, "ph": "X", "pid": 1, "tid": tid, "ts": (start - self.t0) * 1e6, "dur": duration * 1e6, "args": args or {}}
+        )
+
+    def write(self) -> None:
+        meta = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}} for name, tid in self._tids.items()]
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"traceEvents": meta + self.events[-20000:]}), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+class Progress:
+    """One live line per run: iteration, env steps, steps/s, latest return, ETA."""
+
+    def __init__(self, total_steps: int, enabled: bool = True):
+        self.total = total_steps
+        self.enabled = enabled
+        self.start = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+
+    def update(self, iteration: int, env_steps: int, ret: float | None, eval_ret: float | None = None) -> None:
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.start
+        rate = env_steps / elapsed if elapsed > 0 else 0.0
+        eta = (self.total - env_steps) / rate if rate > 0 else float("nan")
+        parts = [f"it {iteration}", f"steps {env_steps}/{self.total}", f"{rate:,.0f} steps/s"]
+        if ret is not None:
+            parts.append(f"return {ret:.1f}")
+        if eval_ret is not None:
+            parts.append(f"eval {eval_ret:.1f}")
+        parts.append(f"ETA {_fmt_time(eta)}")
+        line = " | ".join(parts)
+        if self.tty:
+            sys.stderr.write("\r\x1b[2K" + line)
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\n")
+
+
+def _fmt_time(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    return f"{m}m{s:02d}s"

@@ -1,0 +1,259 @@
+"""Actor worker: trains the policy on the trajectories of its env workers.
+
+Each actor rank takes the trajectories addressed to it, computes advantages with the algorithm's
+estimator from the registry, and runs epochs of minibatch updates with the algorithm's loss. With
+several ranks the policy is wrapped in DistributedDataParallel (gloo on CPU, NCCL on GPU) and the
+observation-normalisation statistics are merged across ranks, so every rank keeps identical
+weights. The trainer is the same for every on-policy algorithm: what differs is data in the
+``AlgorithmSpec`` (estimator, loss, critic or not), not subclasses.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+from torch.nn.parallel import DistributedDataParallel
+
+from rlweave.algorithms import get_algorithm, gae, group_normalized_advantages, normalize, ppo_loss, total_loss
+from rlweave.cluster import Worker
+from rlweave.models import build_policy
+from rlweave.workers.channels import ChannelSpec
+from rlweave.workers.weights import WeightPacket, pack_state, share_packet
+
+
+class ActorWorker(Worker):
+    def __init__(
+        self,
+        algo_cfg: dict,
+        policy_cfg: dict,
+        observation_space,
+        action_space,
+        chunk: int,
+        seed: int,
+        trajectory_channel: ChannelSpec,
+        trajectories_per_rank: int,
+        total_iterations: int,
+    ):
+        self.cfg = algo_cfg
+        self.spec = get_algorithm(algo_cfg["name"])
+        torch.manual_seed(seed)  # identical initial weights on every rank
+        self.policy = build_policy(
+            observation_space=observation_space,
+            action_space=action_space,
+            chunk=chunk,
+            critic=self.spec.uses_critic,
+            **policy_cfg,
+        )
+        self.float_obs = observation_space.dtype != np.uint8
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=algo_cfg["lr"], eps=1e-5)
+        self.traj_ch = trajectory_channel.open()
+        self.trajectories_per_rank = trajectories_per_rank
+        self.total_iterations = max(1, total_iterations)
+        self.version = 0
+        self.iteration = 0
+        self.ddp: DistributedDataParallel | None = None
+        self.rng = np.random.default_rng(seed * 31 + self.rank)
+        torch.manual_seed(seed * 31 + self.rank)
+        random.seed(seed * 31 + self.rank)
+
+    # ------------------------------------------------------------------ training
+    def train(self, version: int) -> dict:
+        if version != self.version:
+            raise RuntimeError(f"actor holds policy version {self.version}, asked to train version {version}")
+        t0 = time.perf_counter()
+        envelopes = self.traj_ch.get_batch_envelopes(float(self.trajectories_per_rank), key=self.rank)
+        stale = [e.version for e in envelopes if e.version != self.version]
+        if stale:
+            raise RuntimeError(
+                f"on-policy check failed: trajectories of policy version(s) {sorted(set(stale))} reached "
+                f"the actor at version {self.version}"
+            )
+        trajs = [e.item for e in envelopes]
+        t1 = time.perf_counter()
+        batch, info = self._prepare(trajs)
+        metrics = self._update(batch)
+        if self.policy.obs_rms is not None:
+            # Statistics move only after the update, so the update sees the normaliser the rollout
+            # used: the stored log-probs stay exactly on-policy.
+            self._update_obs_stats(batch["obs"])
+        self.iteration += 1
+        self.version += 1
+        metrics.update(info)
+        metrics["time/actor_wait"] = t1 - t0
+        metrics["time/actor_train"] = time.perf_counter() - t1
+        return metrics
+
+    def _obs(self, x: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(x))
+        return t.float() if self.float_obs else t
+
+    def _prepare(self, trajs: list[dict]) -> tuple[TensorDict, dict]:
+        """Concatenates this rank's trajectories along the env axis and computes advantages."""
+        cat = lambda k, axis=1: np.concatenate([np.asarray(t[k]) for t in trajs], axis=axis)  # noqa: E731
+        T = min(t["rewards"].shape[0] for t in trajs)
+        if any(t["rewards"].shape[0] != T for t in trajs):  # episodic trajectories differ in length
+            trajs = [_pad_time(t, max(tt["rewards"].shape[0] for tt in trajs)) for t in trajs]
+            T = trajs[0]["rewards"].shape[0]
+        obs = cat("obs")  # [T, N, *obs]
+        N = obs.shape[1]
+        flat_obs = self._obs(obs.reshape(T * N, *obs.shape[2:]))
+        rewards = torch.from_numpy(cat("rewards")).float()
+        terminated = torch.from_numpy(cat("terminated"))
+        truncated = torch.from_numpy(cat("truncated"))
+        old_values = torch.from_numpy(cat("value")).float()
+        info: dict = {}
+        with torch.no_grad():
+            if self.spec.advantage == "gae":
+                # Bootstrap through time limits: r += gamma * V(final obs) where an episode was truncated.
+                offsets = np.cumsum([0] + [t["obs"].shape[1] for t in trajs])
+                idx = np.concatenate([t["boot_idx"] + np.array([0, off]) for t, off in zip(trajs, offsets)])
+                if len(idx):
+                    boot_obs = self._obs(np.concatenate([t["boot_obs"] for t in trajs]))
+                    v = self.policy.value(boot_obs)
+                    rewards[idx[:, 0], idx[:, 1]] += self.cfg["gamma"] * v
+                last_value = self.policy.value(self._obs(cat("last_obs", 0)))
+                values = old_values  # same weights and normaliser as the rollout's: no recompute
+                dones = (terminated | truncated).float()
+                adv, returns = gae(rewards, values, dones, last_value, self.cfg["gamma"], self.cfg["gae_lambda"])
+                mask = torch.ones(T, N, dtype=torch.bool)
+            elif self.spec.advantage == "grpo":
+                scores = torch.from_numpy(cat("episode_return", 0)).float()
+                groups = torch.from_numpy(cat("group_id", 0))
+                ep_adv = group_normalized_advantages(scores, groups)
+                mask = torch.from_numpy(cat("mask"))
+                adv = ep_adv.expand(T, N) * mask
+                returns = values = torch.zeros(T, N)
+                info["train/group_return_std"] = float(scores.std()) if len(scores) > 1 else 0.0
+            else:
+                raise ValueError(f"algorithm.name: estimator '{self.spec.advantage}' has no on-policy trainer")
+        actions = torch.from_numpy(cat("action"))
+        batch = TensorDict(
+            {
+                "obs": flat_obs,
+                "action": actions.reshape(T * N, *actions.shape[2:]),
+                "log_prob": torch.from_numpy(cat("log_prob")).float().reshape(-1),
+                "adv": adv.reshape(-1),
+                "returns": returns.reshape(-1),
+                "value": values.reshape(-1) if self.spec.uses_critic else old_values.reshape(-1),
+                "mask": mask.reshape(-1),
+            },
+            batch_size=[T * N],
+        )
+        if self.spec.advantage == "grpo":
+            batch = batch[batch["mask"]]
+        info["train/samples"] = batch.batch_size[0]
+        return batch, info
+
+    def _update_obs_stats(self, flat_obs: torch.Tensor) -> None:
+        rms = self.policy.obs_rms
+        x = flat_obs.double()
+        if self.world_size > 1 and dist.is_initialized():
+            n = torch.tensor([float(x.shape[0])], dtype=torch.float64)
+            s, ss = x.sum(0), (x * x).sum(0)
+            for t in (n, s, ss):
+                dist.all_reduce(t)
+            mean = s / n
+            var = ss / n - mean * mean
+            rms.update_from_moments(mean, var.clamp_min(0), n.item())
+        else:
+            rms.update(x)
+
+    def _module(self) -> torch.nn.Module:
+        if self.world_size > 1 and dist.is_initialized():
+            if self.ddp is None:
+                self.ddp = DistributedDataParallel(self.policy, broadcast_buffers=False)
+            return self.ddp
+        return self.policy
+
+    def _update(self, batch: TensorDict) -> dict:
+        cfg = self.cfg
+        frac = 1.0 - self.iteration / self.total_iterations
+        lr = cfg["lr"] * frac if cfg.get("lr_anneal") else cfg["lr"]
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        clip = cfg["clip_eps"] * frac if cfg.get("clip_anneal") else cfg["clip_eps"]
+        model = self._module()
+        B = batch.batch_size[0]
+        mb = max(1, cfg["minibatch_size"] // self.world_size)
+        sums: dict[str, float] = {}
+        count = 0
+        for _ in range(cfg["epochs"]):
+            perm = torch.from_numpy(self.rng.permutation(B))
+            for start in range(0, B - mb + 1 if B >= mb else 1, mb):
+                mbatch = batch[perm[start : start + mb]]
+                log_prob, entropy, value = model(mbatch["obs"], mbatch["action"])
+                adv = mbatch["adv"]
+                if cfg.get("norm_adv", True) and self.spec.advantage == "gae":
+                    adv = normalize(adv)
+                terms = ppo_loss(
+                    log_prob,
+                    mbatch["log_prob"],
+                    adv,
+                    entropy,
+                    values=value if self.spec.uses_critic else None,
+                    old_values=mbatch["value"] if self.spec.uses_critic else None,
+                    returns=mbatch["returns"] if self.spec.uses_critic else None,
+                    clip_eps=clip,
+                    clip_eps_high=cfg.get("clip_eps_high"),
+                    dual_clip=cfg.get("dual_clip"),
+                    value_clip=cfg.get("value_clip"),
+                    vf_coef=cfg["vf_coef"],
+                    ent_coef=cfg["ent_coef"],
+                )
+                loss = total_loss(terms)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg["max_grad_norm"] > 0:
+                    torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg["max_grad_norm"])
+                self.optimizer.step()
+                for k, v in terms.items():
+                    sums[k] = sums.get(k, 0.0) + float(v.detach())
+                count += 1
+        out = {f"train/{k}": v / max(1, count) for k, v in sums.items()}
+        out["train/lr"] = lr
+        out["train/updates"] = count
+        return out
+
+    # ------------------------------------------------------------------ weights and state
+    def export_weights(self) -> WeightPacket:
+        return share_packet(pack_state(self.policy, self.version))
+
+    def state_dict(self) -> dict:
+        return {
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+            "iteration": self.iteration,
+            "rng": {
+                "numpy": self.rng.bit_generator.state,
+                "torch": torch.get_rng_state(),
+                "python": random.getstate(),
+            },
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = state["version"]
+        self.iteration = state["iteration"]
+        self.rng.bit_generator.state = state["rng"]["numpy"]
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+
+
+def _pad_time(traj: dict, T: int) -> dict:
+    """Pads an episodic trajectory to ``T`` steps (padding is masked out)."""
+    out = dict(traj)
+    t = traj["rewards"].shape[0]
+    if t == T:
+        return out
+    for k in ("obs", "action", "log_prob", "value", "rewards", "terminated", "truncated", "mask"):
+        v = np.asarray(traj[k])
+        pad = np.zeros((T - t, *v.shape[1:]), dtype=v.dtype)
+        out[k] = np.concatenate([v, pad])
+    return out

@@ -1,0 +1,443 @@
+"""Behaviour of rlweave.channel.Channel on both backends (Ray actor and in-process)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import pickle
+import threading
+import time
+
+import numpy as np
+import pytest
+import ray
+import torch
+from tensordict import TensorDict
+
+from rlweave.channel import Channel, ChannelClosed, ChannelEmpty, ChannelFull, Envelope
+
+BACKENDS = ["local", "ray"]
+_ids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def make(request, ray_session):
+    """make(backend, maxsize=0, **kw) -> a channel with a fresh name, closed after the test."""
+    made = []
+
+    def _make(backend: str, maxsize: int = 0, **kw) -> Channel:
+        ch = Channel.create(f"{request.node.originalname[5:35]}-{next(_ids)}", maxsize=maxsize, local=backend == "local", **kw)
+        made.append(ch)
+        return ch
+
+    yield _make
+    for ch in made:
+        ch.close()
+
+
+def wait_until(pred, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+# ----------------------------------------------------------------------------- ordering and keys
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fifo_global_and_per_key(make, backend):
+    ch = make(backend)
+    ch.put("a0", "a")
+    ch.put("b0", "b")
+    ch.put("a1", "a")
+    ch.put("b1", "b")
+    ch.put("n0")  # key None is an ordinary key
+    assert ch.qsize() == 5 and ch.qsize("a") == 2 and ch.qsize("b") == 2 and ch.qsize("zzz") == 0
+    assert ch.get("b") == "b0"  # per-key FIFO
+    env = ch.get_envelope()  # globally oldest
+    assert isinstance(env, Envelope)
+    assert (env.item, env.key, env.seq, env.weight, env.version) == ("a0", "a", 0, 1.0, None)
+    assert ch.get("a") == "a1"
+    assert [ch.get_envelope().seq for _ in range(2)] == [3, 4]
+    assert ch.qsize() == 0
+    with pytest.raises(ChannelEmpty):
+        ch.get_nowait()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_get_batch_by_weight(make, backend):
+    ch = make(backend)
+    for i, w in enumerate([1, 2, 3]):
+        ch.put(f"x{i}", weight=w)
+    assert ch.get_batch(3) == ["x0", "x1"]  # 1 + 2 reaches 3: the shortest FIFO prefix
+    assert ch.qsize() == 1
+    # not enough weight: times out, and the item it took goes back in front
+    with pytest.raises(ChannelEmpty, match=r"holds weight 3 of the 4 asked; get_batch timed out after 0.2 s"):
+        ch.get_batch(4, timeout=0.2)
+    ch.put("x3", weight=1)
+    envs = ch.get_batch_envelopes(4)
+    assert [(e.item, e.weight) for e in envs] == [("x2", 3.0), ("x3", 1.0)]
+    # per key: only that key's items count
+    ch.put("k0", "k", weight=0.5)
+    ch.put("other", "o", weight=5)
+    ch.put("k1", "k", weight=0.5)
+    assert ch.get_batch(1.0, "k") == ["k0", "k1"]
+    assert ch.get() == "other"
+    with pytest.raises(ValueError, match="target_weight"):
+        ch.get_batch(0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_get_batch_larger_than_maxsize_keeps_flowing(make, backend):
+    # a batch of weight 5 through a channel that holds 2 items: get_batch takes items as they come
+    ch = make(backend, maxsize=2)
+
+    def produce():
+        for i in range(5):
+            ch.put(i, timeout=20)
+
+    t = threading.Thread(target=produce)
+    t.start()
+    assert ch.get_batch(5, timeout=20) == [0, 1, 2, 3, 4]
+    t.join(20)
+    assert not t.is_alive()
+
+
+# ----------------------------------------------------------------------------- backpressure
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backpressure_blocks_until_get(make, backend):
+    ch = make(backend, maxsize=2)
+    ch.put(0, "a")
+    ch.put(1, "b")  # maxsize counts across keys
+    with pytest.raises(ChannelFull, match=rf"^channel '{ch.name}' is full \(maxsize=2\)$"):
+        ch.put_nowait(2, "c")
+
+    done = threading.Event()
+    errors = []
+
+    def producer():
+        try:
+            ch.put(2, "c", timeout=20)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+        done.set()
+
+    t = threading.Thread(target=producer)
+    t.start()
+    wait_until(lambda: ch.stats()["blocked_puts"] == 1, what="the producer to block")
+    assert not done.is_set() and ch.qsize() == 2  # blocked: nothing was added
+    assert ch.get() == 0  # frees one slot ...
+    assert done.wait(20), "producer still blocked after a get freed space"  # ... which unblocks it
+    t.join()
+    assert not errors
+    assert [ch.get() for _ in range(2)] == [1, 2]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_timeout_errors_name_the_channel(make, backend):
+    ch = make(backend, maxsize=1)
+    with pytest.raises(ChannelEmpty, match=rf"^channel '{ch.name}' is empty; get timed out after 0.1 s$"):
+        ch.get(timeout=0.1)
+    with pytest.raises(ChannelEmpty, match=rf"^channel '{ch.name}' has no item for key 'k'$"):
+        ch.get_nowait("k")
+    ch.put("x")
+    t0 = time.monotonic()
+    with pytest.raises(ChannelFull, match=rf"^channel '{ch.name}' is full \(maxsize=1\); put timed out after 0.2 s$"):
+        ch.put("y", timeout=0.2)
+    assert time.monotonic() - t0 >= 0.19
+    with pytest.raises(ValueError, match="timeout"):
+        ch.get(timeout=-1)
+    import queue
+
+    with pytest.raises(queue.Full):  # the standard-library exceptions catch these too
+        ch.put_nowait("z")
+
+
+# ----------------------------------------------------------------------------- concurrency
+
+
+@ray.remote(num_cpus=0)
+def _produce(ch: Channel, pid: int, n: int) -> int:
+    for i in range(n):
+        ch.put((pid, i), key=f"p{pid}", timeout=60)
+    return n
+
+
+@ray.remote(num_cpus=0)
+def _consume(ch: Channel) -> list:
+    got = []
+    while True:
+        env = ch.get_envelope(timeout=60)
+        if env.item is None:
+            return got
+        got.append((env.item, env.seq))
+
+
+def _check_exactly_once(received: list, n_producers: int, n_items: int):
+    items = [item for item, _ in received]
+    assert len(items) == len(set(items)) == n_producers * n_items
+    assert set(items) == {(p, i) for p in range(n_producers) for i in range(n_items)}
+    by_seq = sorted(received, key=lambda r: r[1])
+    for p in range(n_producers):  # per-producer order preserved in the channel's global order
+        assert [i for (q, i), _ in by_seq if q == p] == list(range(n_items))
+
+
+def test_concurrent_producers_consumers_ray(make):
+    ch = make("ray", maxsize=16)
+    producers = [_produce.remote(ch, p, 200) for p in range(3)]
+    consumers = [_consume.remote(ch) for _ in range(2)]
+    assert ray.get(producers, timeout=120) == [200] * 3
+    for _ in consumers:
+        ch.put(None, timeout=30)
+    per_consumer = ray.get(consumers, timeout=60)
+    for got in per_consumer:  # each consumer saw each producer's items in order
+        for p in range(3):
+            mine = [i for (q, i), _ in got if q == p]
+            assert mine == sorted(mine)
+    _check_exactly_once([r for got in per_consumer for r in got], 3, 200)
+    stats = ch.stats()
+    assert stats["puts_inline"] == 602 and stats["puts_by_ref"] == 0 and stats["size"] == 0
+
+
+def test_concurrent_producers_consumers_local(make):
+    ch = make("local", maxsize=16)
+    results: list[list] = [[], []]
+
+    def produce(pid):
+        for i in range(200):
+            ch.put((pid, i), key=f"p{pid}", timeout=30)
+
+    def consume(j):
+        while (env := ch.get_envelope(timeout=30)).item is not None:
+            results[j].append((env.item, env.seq))
+
+    threads = [threading.Thread(target=produce, args=(p,)) for p in range(3)]
+    threads += [threading.Thread(target=consume, args=(j,)) for j in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads[:3]:
+        t.join(30)
+    ch.put(None)
+    ch.put(None)
+    for t in threads[3:]:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    _check_exactly_once(results[0] + results[1], 3, 200)
+
+
+# ----------------------------------------------------------------------------- versions and payloads
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_version_carried_through(make, backend):
+    ch = make(backend)
+    ch.put("plain", version=7)
+    ch.put("none")
+    td = TensorDict({"obs": torch.arange(4.0), "policy_version": torch.tensor(3)}, batch_size=[])
+    ch.put(td)
+    per_sample = TensorDict(
+        {"obs": torch.zeros(4, 2), "policy_version": torch.tensor([5, 4, 6, 5])}, batch_size=[4]
+    )
+    ch.put(per_sample)  # a batch is as old as its oldest sample
+    ch.put(td, version=9)  # an explicit version wins
+    envs = [ch.get_envelope() for _ in range(5)]
+    assert [e.version for e in envs] == [7, None, 3, 4, 9]
+    assert isinstance(envs[3].item, TensorDict) and envs[3].item.batch_size == torch.Size([4])
+    if backend == "ray":  # small items cross the channel actor as opaque bytes
+        assert ch.stats()["actor_imported_torch"] is False
+
+
+def test_items_holding_object_refs(make):
+    ch = make("ray")
+    ref = ray.put(np.arange(10))
+    ch.put({"ref": ref, "step": 1})  # travels as an object so Ray tracks the borrowed reference
+    del ref
+    got = ch.get(timeout=10)
+    assert got["step"] == 1 and np.array_equal(ray.get(got["ref"]), np.arange(10))
+
+
+@ray.remote(num_cpus=0)
+class _Producer:
+    def send(self, ch: Channel, nbytes: int) -> int:
+        arr = np.arange(nbytes, dtype=np.uint8)
+        ch.put(arr, version=1)
+        return int(arr.sum())
+
+
+def test_large_numpy_goes_by_ref(make):
+    ch = make("ray")
+    big = np.random.default_rng(0).integers(0, 255, size=8 << 20, dtype=np.uint8)  # 8 MiB
+    ch.put(big)
+    ch.put({"obs": np.ones((256, 256), np.float32), "t": 3})  # 256 KiB dict of numpy: by ref too
+    ch.put(np.zeros(16, np.uint8))  # small: inline
+    stats = ch.stats()
+    assert (stats["puts_by_ref"], stats["puts_inline"]) == (2, 1)
+    out = ch.get()
+    assert isinstance(out, np.ndarray) and out.dtype == np.uint8 and np.array_equal(out, big)
+    d = ch.get()
+    assert d["t"] == 3 and np.array_equal(d["obs"], np.ones((256, 256), np.float32))
+    assert np.array_equal(ch.get(), np.zeros(16, np.uint8))
+    # from another process: the producer ray.puts, the driver gets it
+    p = _Producer.remote()
+    checksum = ray.get(p.send.remote(ch, 1 << 20))
+    env = ch.get_envelope(timeout=30)
+    assert env.version == 1 and int(env.item.sum()) == checksum
+    assert ch.stats()["puts_by_ref"] == 3
+    ray.kill(p)
+
+
+def test_local_backend_passes_objects_through(make):
+    ch = make("local")
+    arr = np.zeros(1 << 20, np.uint8)
+    ch.put(arr)
+    assert ch.get() is arr  # in-process: no copy, no serialisation
+    s = ch.stats()
+    assert s["backend"] == "local" and s["puts_inline"] == 1 and s["puts_by_ref"] == 0
+
+
+# ----------------------------------------------------------------------------- names, handles, close
+
+
+@ray.remote(num_cpus=0)
+class _Echo:
+    def __init__(self, name: str):
+        self.name = name
+
+    def relay(self, ch_in: Channel) -> int:
+        out = Channel.connect(self.name)  # look the output channel up by name inside an actor
+        n = 0
+        while (x := ch_in.get(timeout=30)) is not None:
+            out.put(x * 10, key="echo")
+            n += 1
+        return n
+
+
+def test_handle_pickles_into_actors_and_connect(make):
+    ch_in, ch_out = make("ray"), make("ray", maxsize=3)
+    assert Channel.connect(ch_out.name).maxsize == 3
+    assert pickle.loads(pickle.dumps(ch_in)).name == ch_in.name
+    echo = _Echo.remote(ch_out.name)
+    n = echo.relay.remote(ch_in)  # the handle itself travels as an argument
+    for i in range(5):
+        ch_in.put(i)
+    ch_in.put(None)
+    assert [ch_out.get("echo", timeout=30) for _ in range(5)] == [0, 10, 20, 30, 40]
+    assert ray.get(n) == 5
+    ray.kill(echo)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_connect_missing_and_duplicate_names(make, backend):
+    with pytest.raises(ValueError, match="no channel named 'no-such-channel'"):
+        Channel.connect("no-such-channel")
+    ch = make(backend)
+    with pytest.raises(ValueError, match=rf"channel '{ch.name}' already exists"):
+        Channel.create(ch.name, local=backend == "local")
+    assert Channel.connect(ch.name).name == ch.name
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_close_is_idempotent_and_final(make, backend):
+    ch = make(backend)
+    other = Channel.connect(ch.name)
+    ch.put(1)
+    ch.close()
+    ch.close()
+    with pytest.raises(ChannelClosed, match=rf"channel '{ch.name}' is closed"):
+        ch.put(2)
+    with pytest.raises(ChannelClosed):  # other handles see it too
+        other.get(timeout=5)
+    wait_until(lambda: _missing(ch.name), what="the name to be released")
+    with pytest.raises(ValueError, match=rf"no channel named '{ch.name}'"):
+        Channel.connect(ch.name)
+
+
+def _missing(name: str) -> bool:
+    try:
+        Channel.connect(name)
+        return False
+    except ValueError:
+        return True
+
+
+# ----------------------------------------------------------------------------- async
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_async_put_get_in_event_loop(make, backend):
+    ch = make(backend, maxsize=1)
+
+    async def main():
+        async def producer():
+            for i in range(5):
+                await ch.aput(i, weight=1, version=i)  # maxsize 1: each put awaits the consumer
+
+        async def consumer():
+            first = await ch.aget(timeout=20)
+            rest = await ch.aget_batch(3, timeout=20)
+            env = await ch.aget_envelope(timeout=20)
+            return first, rest, env
+
+        ticks = 0
+
+        async def ticker():  # the loop stays responsive while the others wait
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        tick_task = asyncio.create_task(ticker())
+        consumer_task = asyncio.create_task(consumer())
+        await asyncio.sleep(0.1)  # the consumer waits on an empty channel first
+        await asyncio.wait_for(producer(), 20)
+        first, rest, env = await asyncio.wait_for(consumer_task, 20)
+        with pytest.raises(ChannelEmpty, match=rf"channel '{ch.name}' is empty; get timed out"):
+            await ch.aget(timeout=0.1)
+        await ch.aput("x")
+        with pytest.raises(ChannelFull, match=r"is full \(maxsize=1\)"):
+            await ch.aput("y", block=False)
+        tick_task.cancel()
+        return first, rest, env, ticks
+
+    first, rest, env, ticks = asyncio.run(main())
+    assert first == 0 and rest == [1, 2, 3] and (env.item, env.version) == (4, 4)
+    assert ticks >= 5
+
+
+@ray.remote(num_cpus=0)
+class _AsyncConsumer:
+    async def take(self, ch: Channel, target: float) -> list:
+        return await ch.aget_batch(target, timeout=30)
+
+
+def test_async_inside_async_ray_actor(make):
+    ch = make("ray")
+    consumer = _AsyncConsumer.remote()
+    ref = consumer.take.remote(ch, 4)
+    for i in range(4):
+        ch.put(np.full(40_000, i, np.int32) if i == 3 else i)  # the last one (160 KB) goes by ref
+    got = ray.get(ref, timeout=60)
+    assert got[:3] == [0, 1, 2] and np.array_equal(got[3], np.full(40_000, 3, np.int32))
+    ray.kill(consumer)
+
+
+def test_local_async_woken_by_thread(make):
+    ch = make("local")
+
+    async def main():
+        t = threading.Timer(0.05, lambda: ch.put("from-thread"))
+        t.start()
+        return await asyncio.wait_for(ch.aget(), 10)
+
+    assert asyncio.run(main()) == "from-thread"
