@@ -50,7 +50,8 @@ class ActorWorker(Worker):
             **policy_cfg,
         )
         self.float_obs = observation_space.dtype != np.uint8
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=algo_cfg["lr"], eps=1e-5)
+        # fused Adam: one kernel for all parameters instead of ~13 small ops per tensor per step
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=algo_cfg["lr"], eps=1e-5, fused=True)
         self.traj_ch = trajectory_channel.open()
         self.trajectories_per_rank = trajectories_per_rank
         self.total_iterations = max(1, total_iterations)
@@ -182,10 +183,12 @@ class ActorWorker(Worker):
         mb = max(1, cfg["minibatch_size"] // self.world_size)
         sums: dict[str, float] = {}
         count = 0
+        keys = ("obs", "action", "log_prob", "adv", "returns", "value")
         for _ in range(cfg["epochs"]):
             perm = torch.from_numpy(self.rng.permutation(B))
+            shuffled = {k: batch[k][perm] for k in keys}  # one gather per epoch, then cheap slices
             for start in range(0, B - mb + 1 if B >= mb else 1, mb):
-                mbatch = batch[perm[start : start + mb]]
+                mbatch = {k: v[start : start + mb] for k, v in shuffled.items()}
                 log_prob, entropy, value = model(mbatch["obs"], mbatch["action"])
                 adv = mbatch["adv"]
                 if cfg.get("norm_adv", True) and self.spec.advantage == "gae":
