@@ -75,8 +75,13 @@ def _execute(runner) -> int:
     except (ConfigError, PlacementError, FileNotFoundError) as e:
         return _fail(str(e))
     except WorkerError as e:
-        print(f"rlweave: run stopped: {e.short}", file=sys.stderr)
-        print(e.remote_traceback, file=sys.stderr)
+        log = Path(runner.run_dir) / "error.log"
+        try:
+            log.write_text(f"{e.short}\n\n{e.remote_traceback}", encoding="utf-8")
+            where = f" (remote traceback in {log})"
+        except OSError:
+            where = ""
+        print(f"rlweave: run stopped: {e.short}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("rlweave: interrupted", file=sys.stderr)

@@ -212,7 +212,13 @@ class VectorEnv:
             if active is not None and not active[i]:
                 continue
             for c in range(self.chunk):
-                o, r, te, tr, info = env.step(actions[i, c])
+                try:
+                    o, r, te, tr, info = env.step(actions[i, c])
+                except Exception as e:  # noqa: BLE001 - re-raised with where it happened
+                    raise EnvError(
+                        f"env '{self.env_id}' (env worker rank {self.rank}, env {i}, step {self.steps + 1}) "
+                        f"raised {type(e).__name__}: {e}"
+                    ) from e
                 self.steps += 1
                 if not _finite(o, r):
                     if self.on_nonfinite == "error":
