@@ -97,7 +97,6 @@ def cmd_eval(args) -> int:
     from rlweave.config import validate
     from rlweave.runners.evaluate import evaluate_policy
     from rlweave.runners.onpolicy import check_compatible, _policy_kwargs
-    from rlweave.algorithms import get_algorithm
     from rlweave.models import build_policy
     from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint
 
@@ -109,8 +108,7 @@ def cmd_eval(args) -> int:
     if ckpt is None:
         return _fail(f"{run_dir}: no checkpoint to evaluate")
     obs_space, act_space = check_compatible(cfg)
-    policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk,
-                          critic=get_algorithm(cfg.algorithm.name).uses_critic, **_policy_kwargs(cfg))
+    policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk, **_policy_kwargs(cfg))
     policy.load_state_dict(load_checkpoint(ckpt)["actor"]["policy"])
     result = evaluate_policy(policy, OmegaConf.to_container(cfg.env), args.episodes, seed=args.seed, gamma=cfg.algorithm.gamma)
     result = {"checkpoint": ckpt.name, "episodes": args.episodes, **result}

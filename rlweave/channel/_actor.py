@@ -23,9 +23,11 @@ OK, FULL, EMPTY = "ok", "full", "empty"
 
 
 class ChannelActor:
-    def __init__(self, name: str, maxsize: int = 0, ref_threshold: int = 0):
+    def __init__(self, name: str, maxsize: int = 0, ref_threshold: int = 0, put_window: int = 0):
         self._name = name
         self._ref_threshold = ref_threshold
+        self._put_window = put_window
+        self._next_pseq: dict[str, int] = {}  # pipelined producers: next sequence number to apply
         self._store = Store(maxsize)
         self._cond: asyncio.Condition | None = None  # created lazily on the actor's event loop
         self._blocked_puts = 0
@@ -56,25 +58,42 @@ class ChannelActor:
 
     # ------------------------------------------------------------------ API used by the client
     async def config(self) -> dict:
-        return {"name": self._name, "maxsize": self._store.maxsize, "ref_threshold": self._ref_threshold}
+        return {
+            "name": self._name,
+            "maxsize": self._store.maxsize,
+            "ref_threshold": self._ref_threshold,
+            "put_window": self._put_window,
+        }
 
-    async def put(
-        self, payload: Any, key: Hashable, weight: float, version: int | None, enc: int, timeout: float | None
-    ) -> str:
-        """``timeout``: 0 = non-blocking, None = wait for space forever."""
+    async def put(self, msg: tuple) -> str:
+        """``msg`` = ``(payload, key, weight, version, enc, timeout, producer, pseq)``, one argument
+        (Ray serialises each argument separately). ``timeout``: 0 = non-blocking, None = wait for
+        space forever.
+
+        ``producer``/``pseq``: pipelined puts (several in flight from one handle) may arrive out of
+        order (Ray runs async-actor calls out of order); each waits for its turn here.
+        """
+        payload, key, weight, version, enc, timeout, producer, pseq = msg
         cond = self._condition()
         async with cond:
-            if self._store.full():
-                if timeout == 0:
-                    return FULL
-                deadline = self._deadline(timeout)
-                self._blocked_puts += 1
-                while self._store.full():
-                    if not await self._wait(cond, deadline):
+            if producer is not None:
+                while self._next_pseq.get(producer, 0) != pseq:
+                    await cond.wait()
+            try:
+                if self._store.full():
+                    if timeout == 0:
                         return FULL
-            self._store.push(key, weight, version, payload, enc)
-            cond.notify_all()
-            return OK
+                    deadline = self._deadline(timeout)
+                    self._blocked_puts += 1
+                    while self._store.full():
+                        if not await self._wait(cond, deadline):
+                            return FULL
+                self._store.push(key, weight, version, payload, enc)
+                return OK
+            finally:
+                if producer is not None:
+                    self._next_pseq[producer] = pseq + 1
+                cond.notify_all()
 
     async def get(self, key: Hashable, timeout: float | None) -> tuple[str, Entry | None]:
         cond = self._condition()

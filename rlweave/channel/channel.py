@@ -49,6 +49,8 @@ import asyncio
 import pickle
 import threading
 import time
+import uuid
+from collections import deque
 from typing import Any, Hashable
 
 from ._actor import EMPTY, FULL, OK, ChannelActor
@@ -86,24 +88,43 @@ class Channel:
     name: str
     maxsize: int
     local: bool = False
+    put_window: int = 0
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def create(
-        cls, name: str, maxsize: int = 0, local: bool = False, *, ref_threshold: int = DEFAULT_REF_THRESHOLD
+        cls,
+        name: str,
+        maxsize: int = 0,
+        local: bool = False,
+        *,
+        ref_threshold: int = DEFAULT_REF_THRESHOLD,
+        put_window: int = 0,
     ) -> "Channel":
         """Create a channel. ``maxsize`` 0 = unbounded; it counts items across all keys.
 
-        ``ref_threshold`` (Ray backend): payloads estimated at this many bytes or more go through
-        the object store by reference. Raises ValueError if a channel of that name exists.
+        Ray backend only (the local backend ignores them):
+
+        * ``ref_threshold``: payloads estimated at this many bytes or more go through the object
+          store by reference.
+        * ``put_window``: 0 (default) = a put returns once the item is stored. ``W > 0`` = pipelined
+          puts: a blocking put without timeout returns once *sent*, with up to W per handle in
+          flight, so the producer overlaps the next item with the transfer. Order per handle is
+          kept (sequence numbers); the handle's next non-put call (get, qsize, stats, a put with a
+          timeout or non-blocking) and :meth:`flush` wait until they are stored and raise their
+          errors; backpressure still holds, with a slack of W items per producer.
+
+        Raises ValueError if a channel of that name exists.
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"channel name must be a non-empty string, got {name!r}")
         if maxsize < 0:
             raise ValueError(f"channel {name!r}: maxsize must be >= 0, got {maxsize}")
+        if put_window < 0:
+            raise ValueError(f"channel {name!r}: put_window must be >= 0, got {put_window}")
         if local:
             return LocalChannel._create(name, int(maxsize))
-        return RayChannel._create(name, int(maxsize), int(ref_threshold))
+        return RayChannel._create(name, int(maxsize), int(ref_threshold), int(put_window))
 
     @classmethod
     def connect(cls, name: str) -> "Channel":
@@ -137,6 +158,19 @@ class Channel:
 
     async def aget_batch(self, target_weight: float, key: Hashable = None, *, timeout: float | None = None) -> list:
         return [e.item for e in await self.aget_batch_envelopes(target_weight, key, timeout=timeout)]
+
+    def with_put_window(self, put_window: int) -> "Channel":
+        """Another handle to the same channel whose puts use ``put_window`` (see :meth:`create`).
+
+        Lets one producer pipeline its puts while other handles keep strict puts. Local channels
+        return themselves (their puts never wait on a transfer)."""
+        return self
+
+    def flush(self) -> None:
+        """Wait until this handle's pipelined puts are stored (see ``put_window``); else a no-op."""
+
+    async def aflush(self) -> None:
+        """Awaitable :meth:`flush`."""
 
     # ------------------------------------------------------------------ error text
     def _full_error(self, timeout: float | None) -> ChannelFull:
@@ -226,8 +260,8 @@ def _actor_class():
     return _remote_actor_cls
 
 
-def _rebuild_ray_channel(name, actor, maxsize, ref_threshold):
-    return RayChannel(name, actor, maxsize, ref_threshold)
+def _rebuild_ray_channel(name, actor, maxsize, ref_threshold, put_window=0):
+    return RayChannel(name, actor, maxsize, ref_threshold, put_window)
 
 
 class RayChannel(Channel):
@@ -235,18 +269,29 @@ class RayChannel(Channel):
 
     local = False
 
-    def __init__(self, name: str, actor, maxsize: int, ref_threshold: int):
+    def __init__(self, name: str, actor, maxsize: int, ref_threshold: int, put_window: int = 0):
         self.name = name
         self.maxsize = maxsize
         self.ref_threshold = ref_threshold
+        self.put_window = put_window
         self._actor = actor
         self._closed = False
+        # pipelined puts (put_window > 0): replies not yet collected, this handle's producer id
+        self._pending: deque = deque()
+        self._lock = threading.Lock()
+        self._producer: str | None = None
+        self._pseq = 0
 
-    def __reduce__(self):
-        return _rebuild_ray_channel, (self.name, self._actor, self.maxsize, self.ref_threshold)
+    def __reduce__(self):  # a copy is a new producer: it gets its own id and sequence
+        return _rebuild_ray_channel, (self.name, self._actor, self.maxsize, self.ref_threshold, self.put_window)
+
+    def with_put_window(self, put_window: int) -> "RayChannel":
+        if put_window < 0:
+            raise ValueError(f"channel {self.name!r}: put_window must be >= 0, got {put_window}")
+        return RayChannel(self.name, self._actor, self.maxsize, self.ref_threshold, int(put_window))
 
     @classmethod
-    def _create(cls, name: str, maxsize: int, ref_threshold: int) -> "RayChannel":
+    def _create(cls, name: str, maxsize: int, ref_threshold: int, put_window: int = 0) -> "RayChannel":
         import ray
 
         if not ray.is_initialized():
@@ -264,11 +309,11 @@ class RayChannel(Channel):
                     max_concurrency=MAX_CONCURRENCY,
                     max_restarts=0,
                 )
-                .remote(name, maxsize, ref_threshold)
+                .remote(name, maxsize, ref_threshold, put_window)
             )
         except ValueError as e:
             raise ValueError(f"channel {name!r} already exists (use Channel.connect): {e}") from None
-        return cls(name, actor, maxsize, ref_threshold)
+        return cls(name, actor, maxsize, ref_threshold, put_window)
 
     @classmethod
     def _connect(cls, name: str) -> "RayChannel":
@@ -284,7 +329,7 @@ class RayChannel(Channel):
             cfg = ray.get(actor.config.remote())
         except ray.exceptions.RayActorError:
             raise ValueError(f"no channel named {name!r} (its actor is dead)") from None
-        return cls(name, actor, cfg["maxsize"], cfg["ref_threshold"])
+        return cls(name, actor, cfg["maxsize"], cfg["ref_threshold"], cfg.get("put_window", 0))
 
     # ---------------------------------------------------------------- encoding
     def _encode(self, item: Any) -> tuple[Any, int]:
@@ -344,6 +389,29 @@ class RayChannel(Channel):
         if self._closed:
             raise self._closed_error()
 
+    # ---------------------------------------------------------------- pipelined puts
+    def _submit_pipelined(self, payload, key, weight, version, enc):
+        """Under self._lock: send one put tagged with this handle's producer id and sequence."""
+        if self._producer is None:
+            self._producer = uuid.uuid4().hex
+        ref = self._actor.put.remote((payload, key, weight, version, enc, None, self._producer, self._pseq))
+        self._pseq += 1
+        self._pending.append(ref)
+
+    def _pop_pending(self, keep: int):
+        with self._lock:
+            return self._pending.popleft() if len(self._pending) > keep else None
+
+    def flush(self) -> None:
+        """Wait until every put sent through this handle is stored in the channel (pipelined puts,
+        ``put_window > 0``); raises ChannelClosed if the channel died meanwhile. A no-op otherwise."""
+        while (ref := self._pop_pending(0)) is not None:
+            self._call(ref)
+
+    async def aflush(self) -> None:
+        while (ref := self._pop_pending(0)) is not None:
+            await self._acall(ref)
+
     # ---------------------------------------------------------------- sync API
     def put(
         self,
@@ -359,12 +427,22 @@ class RayChannel(Channel):
         timeout = check_timeout(block, timeout)
         version = resolve_version(item, version)
         payload, enc = self._encode(item)
-        status = self._call(self._actor.put.remote(payload, key, float(weight), version, enc, timeout))
+        if self.put_window > 0 and timeout is None:
+            while True:
+                with self._lock:
+                    if len(self._pending) < self.put_window:
+                        self._submit_pipelined(payload, key, float(weight), version, enc)
+                        return
+                    ref = self._pending.popleft()
+                self._call(ref)
+        self.flush()
+        status = self._call(self._actor.put.remote((payload, key, float(weight), version, enc, timeout, None, 0)))
         if status != OK:
             raise self._full_error(timeout)
 
     def get_envelope(self, key: Hashable = None, *, block: bool = True, timeout: float | None = None) -> Envelope:
         self._check_open()
+        self.flush()
         timeout = check_timeout(block, timeout)
         status, entry = self._call(self._actor.get.remote(key, timeout))
         if status != OK:
@@ -375,6 +453,7 @@ class RayChannel(Channel):
         self, target_weight: float, key: Hashable = None, *, timeout: float | None = None
     ) -> list[Envelope]:
         self._check_open()
+        self.flush()
         target = _check_target(self.name, target_weight)
         timeout = check_timeout(True, timeout)
         status, result = self._call(self._actor.get_batch.remote(key, target, timeout))
@@ -384,11 +463,13 @@ class RayChannel(Channel):
 
     def qsize(self, key: Hashable = None) -> int:
         self._check_open()
+        self.flush()
         return self._call(self._actor.qsize.remote(key))
 
     def stats(self) -> dict:
         """Debug counters from the channel actor (``puts_inline``, ``puts_by_ref``, ``gets``, ...)."""
         self._check_open()
+        self.flush()
         return self._call(self._actor.stats.remote())
 
     def close(self) -> None:
@@ -396,6 +477,8 @@ class RayChannel(Channel):
         if self._closed:
             return
         self._closed = True
+        with self._lock:
+            self._pending.clear()
         import ray
 
         try:
@@ -418,7 +501,16 @@ class RayChannel(Channel):
         timeout = check_timeout(block, timeout)
         version = resolve_version(item, version)
         payload, enc = self._encode(item)
-        status = await self._acall(self._actor.put.remote(payload, key, float(weight), version, enc, timeout))
+        if self.put_window > 0 and timeout is None:
+            while True:
+                with self._lock:
+                    if len(self._pending) < self.put_window:
+                        self._submit_pipelined(payload, key, float(weight), version, enc)
+                        return
+                    ref = self._pending.popleft()
+                await self._acall(ref)
+        await self.aflush()
+        status = await self._acall(self._actor.put.remote((payload, key, float(weight), version, enc, timeout, None, 0)))
         if status != OK:
             raise self._full_error(timeout)
 
@@ -426,6 +518,7 @@ class RayChannel(Channel):
         self, key: Hashable = None, *, block: bool = True, timeout: float | None = None
     ) -> Envelope:
         self._check_open()
+        await self.aflush()
         timeout = check_timeout(block, timeout)
         status, entry = await self._acall(self._actor.get.remote(key, timeout))
         if status != OK:
@@ -436,6 +529,7 @@ class RayChannel(Channel):
         self, target_weight: float, key: Hashable = None, *, timeout: float | None = None
     ) -> list[Envelope]:
         self._check_open()
+        await self.aflush()
         target = _check_target(self.name, target_weight)
         timeout = check_timeout(True, timeout)
         status, result = await self._acall(self._actor.get_batch.remote(key, target, timeout))

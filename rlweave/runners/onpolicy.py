@@ -70,7 +70,7 @@ def check_compatible(cfg: DictConfig):
 def _policy_kwargs(cfg: DictConfig) -> dict:
     p = OmegaConf.to_container(cfg.policy)
     name = p.pop("name")
-    kwargs: dict = {"name": name}
+    kwargs: dict = {"name": name, "critic": get_algorithm(cfg.algorithm.name).uses_critic}
     if name == "mlp":
         kwargs.update(hidden=tuple(p["hidden"]), activation=p["activation"], normalize_obs=p["normalize_obs"],
                       log_std_init=p["log_std_init"], ortho_init=p["ortho_init"])
@@ -88,7 +88,10 @@ class OnPolicyRunner:
         self.obs_space, self.act_space = check_compatible(cfg)
         e = cfg.env
         self.steps_per_iteration = e.num_workers * e.num_envs * cfg.train.rollout_steps * e.chunk
-        self.iterations = max(1, math.ceil(cfg.train.total_env_steps / self.steps_per_iteration))
+        # Episodic algorithms (GRPO) collect a variable number of steps: they stop on the step budget.
+        self.iterations = (
+            10**9 if self.spec.episodic_groups else max(1, math.ceil(cfg.train.total_env_steps / self.steps_per_iteration))
+        )
         self.iteration = 0
         self.version = 0
         self.env_steps = 0
@@ -140,12 +143,11 @@ class OnPolicyRunner:
         self.actor = WorkerGroup(
             ActorWorker, plan.groups["actor"], self.cluster,
             args=(OmegaConf.to_container(cfg.algorithm), pkw, self.obs_space, self.act_space, cfg.env.chunk,
-                  seed, traj_ch, n_env // n_act, self.iterations),
+                  seed, traj_ch, n_env // n_act),
             init_dist=True,
         )
         self.groups.append(self.actor)
-        self.eval_policy = build_policy(observation_space=self.obs_space, action_space=self.act_space, chunk=cfg.env.chunk,
-                                        critic=self.spec.uses_critic, **pkw)
+        self.eval_policy = build_policy(observation_space=self.obs_space, action_space=self.act_space, chunk=cfg.env.chunk, **pkw)
 
     def _sync_weights(self) -> float:
         t0 = time.perf_counter()
@@ -234,7 +236,7 @@ class OnPolicyRunner:
         else:
             h_env = self.env.call("collect", cfg.train.rollout_steps, self.version)
         h_roll = self.rollout.call("serve", self.version)
-        h_act = self.actor.call("train", self.version)
+        h_act = self.actor.call("train", self.version, self.env_steps / cfg.train.total_env_steps)
         env_out, _, act_out = wait_all([h_env, h_roll, h_act])
         t1 = time.perf_counter()
         self.version += 1
@@ -271,7 +273,8 @@ class OnPolicyRunner:
             trace.span(f"actor[{rank}]", "train", t1 - a["time/actor_train"], a["time/actor_train"])
         trace.span("driver", "weight_sync", t1, t_sync)
         ev = cfg.train.eval_every
-        if ev and (self.iteration % ev == 0 or self.iteration >= self.iterations):
+        final = self.iteration >= self.iterations or self.env_steps >= cfg.train.total_env_steps
+        if ev and (self.iteration % ev == 0 or final):
             t_e = time.perf_counter()
             record.update(self.evaluate())
             record["time/eval"] = time.perf_counter() - t_e

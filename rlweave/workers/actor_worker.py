@@ -37,7 +37,6 @@ class ActorWorker(Worker):
         seed: int,
         trajectory_channel: ChannelSpec,
         trajectories_per_rank: int,
-        total_iterations: int,
     ):
         self.cfg = algo_cfg
         self.spec = get_algorithm(algo_cfg["name"])
@@ -46,7 +45,6 @@ class ActorWorker(Worker):
             observation_space=observation_space,
             action_space=action_space,
             chunk=chunk,
-            critic=self.spec.uses_critic,
             **policy_cfg,
         )
         self.float_obs = observation_space.dtype != np.uint8
@@ -54,7 +52,6 @@ class ActorWorker(Worker):
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=algo_cfg["lr"], eps=1e-5, fused=True)
         self.traj_ch = trajectory_channel.open()
         self.trajectories_per_rank = trajectories_per_rank
-        self.total_iterations = max(1, total_iterations)
         self.version = 0
         self.iteration = 0
         self.ddp: DistributedDataParallel | None = None
@@ -63,7 +60,9 @@ class ActorWorker(Worker):
         random.seed(seed * 31 + self.rank)
 
     # ------------------------------------------------------------------ training
-    def train(self, version: int) -> dict:
+    def train(self, version: int, progress: float = 0.0) -> dict:
+        """One iteration of updates on this rank's trajectories. ``progress`` is the fraction of the
+        run's env-step budget already spent (drives learning-rate and clip annealing)."""
         if version != self.version:
             raise RuntimeError(f"actor holds policy version {self.version}, asked to train version {version}")
         t0 = time.perf_counter()
@@ -77,7 +76,7 @@ class ActorWorker(Worker):
         trajs = [e.item for e in envelopes]
         t1 = time.perf_counter()
         batch, info = self._prepare(trajs)
-        metrics = self._update(batch)
+        metrics = self._update(batch, progress)
         if self.policy.obs_rms is not None:
             # Statistics move only after the update, so the update sees the normaliser the rollout
             # used: the stored log-probs stay exactly on-policy.
@@ -171,9 +170,9 @@ class ActorWorker(Worker):
             return self.ddp
         return self.policy
 
-    def _update(self, batch: TensorDict) -> dict:
+    def _update(self, batch: TensorDict, progress: float) -> dict:
         cfg = self.cfg
-        frac = 1.0 - self.iteration / self.total_iterations
+        frac = max(0.0, 1.0 - progress)
         lr = cfg["lr"] * frac if cfg.get("lr_anneal") else cfg["lr"]
         for group in self.optimizer.param_groups:
             group["lr"] = lr
