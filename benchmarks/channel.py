@@ -2,16 +2,21 @@
 
 Moves numpy uint8 arrays (1 KB, 1 MB, 10 MB) from a producer Ray actor to the driver three ways:
 
-  A  channel     the producer ``Channel.put``s each item (a Ray channel, maxsize=DEPTH); the driver
-                 ``get``s it. Items >= 64 KiB go by reference (producer ray.put, driver ray.get).
+  A  channel     the producer ``Channel.put``s each item (a Ray channel, maxsize=DEPTH; each put
+                 returns once the item is stored); the driver ``get``s it. Items >= 64 KiB go by
+                 reference (producer ray.put, driver ray.get).
+  P  pipelined   as A, but the producer's handle has ``put_window=DEPTH/2`` and the channel
+                 ``maxsize=DEPTH/2`` (so at most DEPTH items in flight, as in B): a put returns once
+                 sent, the producer overlaps the next ``ray.put`` with the transfer.
   B  object ref  raw Ray: the driver calls ``producer.put_ref()``, which ``ray.put``s the item and
                  returns the ObjectRef (wrapped in a list); the driver ``ray.get``s it. DEPTH calls in
                  flight, so both sides can pipeline.
   C  return      raw Ray: the driver calls ``producer.get_array()``, which returns the array (Ray
                  stores the return value); DEPTH calls in flight.
 
-Headline: ratio = A / B throughput (rlweave channel / raw object-store transfer), median of the
-per-pair ratios over interleaved repeats (A B C, A B C, ...), after a warm-up of each.
+Headline: ratio = A / B throughput (rlweave channel with default, strictly-acknowledged puts / raw
+object-store transfer), median of the per-pair ratios over interleaved repeats (A P B C, A P B C,
+...), after a warm-up of each; ratio_pipelined = P / B likewise.
 
     python benchmarks/channel.py [--json FILE] [--repeats N]
 """
@@ -100,50 +105,65 @@ def _ratio_summary(ratios: list[float]) -> dict:
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
+SIDES = [  # key, JSON name, table heading
+    ("A", "channel", "A channel"),
+    ("P", "channel_pipelined", "P chan. pipelined"),
+    ("B", "object_ref", "B ray.put+ref"),
+    ("C", "actor_return", "C actor return"),
+]
+
+
 def main(argv: list[str] | None = None) -> dict:
     from rlweave.channel import DEFAULT_REF_THRESHOLD, Channel
 
     ap = argparse.ArgumentParser(prog="rlweave bench channel", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", metavar="FILE", help="write the headline figures as one JSON object")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved A/B/C repeats (>= 3)")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved A/P/B/C repeats (>= 3)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the items per run")
     args = ap.parse_args(argv)
     items = {k: max(3, int(v * args.scale)) for k, v in ITEMS.items()}
+    half = DEPTH // 2
 
     started_ray = False
     if not ray.is_initialized():
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         started_ray = True
 
     print("channel benchmark: numpy uint8 items, producer Ray actor -> driver")
     print(f"  ray {ray.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}, cpus {os.cpu_count()}")
-    print(f"  OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')} (no torch compute on either side)")
-    print(f"  items per run: {items}; depth (channel maxsize = raw calls in flight): {DEPTH}")
-    print(f"  repeats: {args.repeats} interleaved A B C after one warm-up of each")
+    print(f"  OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')} (no torch compute on any side)")
+    print(f"  items per run: {items}; B, C: {DEPTH} calls in flight")
+    print(f"  A: channel maxsize={DEPTH}, put_window=0;  P: channel maxsize={half}, put_window={half}")
+    print(f"  repeats: {args.repeats} interleaved A P B C after one warm-up of each")
     print(f"  channel ref threshold: {DEFAULT_REF_THRESHOLD} bytes (1 KB inline, 1 MB and 10 MB by reference)")
-    print("  processes: A = producer actor + channel actor + driver (3); B, C = producer actor + driver (2)")
+    print("  processes: A, P = producer actor + channel actor + driver (3); B, C = producer actor + driver (2)")
 
     producer = make_producer_class().remote([nbytes for _, nbytes in SIZES])
     ray.get(producer.ready.remote())
-    ch = Channel.create(f"bench-channel-{os.getpid()}-{time.time_ns()}", maxsize=DEPTH)
-    results: dict[str, dict[str, list[float]]] = {label: {"A": [], "B": [], "C": []} for label, _ in SIZES}
+    tag = f"{os.getpid()}-{time.time_ns()}"
+    ch = Channel.create(f"bench-channel-{tag}", maxsize=DEPTH)
+    chp = Channel.create(f"bench-channel-pipelined-{tag}", maxsize=half, put_window=half)
+    ch.qsize(), chp.qsize()  # both actors up before timing
+    runs = {
+        "A": lambda nbytes, n: run_channel(producer, ch, nbytes, n),
+        "P": lambda nbytes, n: run_channel(producer, chp, nbytes, n),
+        "B": lambda nbytes, n: run_object_ref(producer, nbytes, n),
+        "C": lambda nbytes, n: run_return(producer, nbytes, n),
+    }
+    results = {label: {side: [] for side, *_ in SIDES} for label, _ in SIZES}
     t_start = time.perf_counter()
     try:
-        # warm-up (discarded): starts the channel actor, fills caches
-        for label, nbytes in SIZES:
-            w = max(3, items[label] // 5)
-            run_channel(producer, ch, nbytes, w)
-            run_object_ref(producer, nbytes, w)
-            run_return(producer, nbytes, w)
+        for label, nbytes in SIZES:  # warm-up (discarded)
+            for side, *_ in SIDES:
+                runs[side](nbytes, max(3, items[label] // 5))
         for _ in range(max(1, args.repeats)):
             for label, nbytes in SIZES:
-                n = items[label]
-                results[label]["A"].append(run_channel(producer, ch, nbytes, n))
-                results[label]["B"].append(run_object_ref(producer, nbytes, n))
-                results[label]["C"].append(run_return(producer, nbytes, n))
+                for side, *_ in SIDES:
+                    results[label][side].append(runs[side](nbytes, items[label]))
         stats = ch.stats()
     finally:
         ch.close()
+        chp.close()
         ray.kill(producer)
         if started_ray:
             ray.shutdown()
@@ -152,44 +172,50 @@ def main(argv: list[str] | None = None) -> dict:
     out: dict = {
         "benchmark": "channel",
         "baseline": "raw Ray object-store transfer (producer ray.put + ref, consumer ray.get)",
-        "settings": {"items": items, "depth": DEPTH, "repeats": args.repeats, "ref_threshold": DEFAULT_REF_THRESHOLD},
+        "settings": {
+            "items": items,
+            "depth": DEPTH,
+            "repeats": args.repeats,
+            "ref_threshold": DEFAULT_REF_THRESHOLD,
+            "pipelined": {"maxsize": half, "put_window": half},
+        },
         "channel_puts_by_ref": stats["puts_by_ref"],
         "channel_puts_inline": stats["puts_inline"],
     }
-    header = (
-        f"{'size':>5} | {'A channel':>20} | {'B ray.put+ref':>20} | {'C actor return':>20} |"
-        f" {'A/B median (min-max)':>22} | {'A/C median (min-max)':>22}"
-    )
+    header = " | ".join([f"{'size':>5}"] + [f"{h:>20}" for *_, h in SIDES])
+    header += f" | {'A/B median (min-max)':>21} | {'P/B median (min-max)':>21} | {'A/C':>5}"
     print()
     print("medians, items/s (MB/s):")
     print(header)
     print("-" * len(header))
     for label, nbytes in SIZES:
         r = results[label]
-        med = {k: statistics.median(v) for k, v in r.items()}
+        med = {side: statistics.median(v) for side, v in r.items()}
         ab = _ratio_summary([a / b for a, b in zip(r["A"], r["B"])])
+        pb = _ratio_summary([p / b for p, b in zip(r["P"], r["B"])])
         ac = _ratio_summary([a / c for a, c in zip(r["A"], r["C"])])
         mb = nbytes / 1e6
-        cell = lambda x: f"{x:9.1f} ({x * mb:8.1f})"  # noqa: E731
-        print(
-            f"{label:>5} | {cell(med['A'])} | {cell(med['B'])} | {cell(med['C'])} |"
-            f" {ab['median']:6.2f} ({ab['min']:.2f}-{ab['max']:.2f})      |"
-            f" {ac['median']:6.2f} ({ac['min']:.2f}-{ac['max']:.2f})"
-        )
+        cells = [f"{med[side]:9.1f} ({med[side] * mb:8.1f})" for side, *_ in SIDES]
+        rat = lambda x: f"{x['median']:5.2f} ({x['min']:.2f}-{x['max']:.2f})".ljust(21)  # noqa: E731
+        print(" | ".join([f"{label:>5}"] + cells + [rat(ab), rat(pb), f"{ac['median']:5.2f}"]))
         out[f"ratio_{label}"] = ab["median"]
         out[f"ratio_{label}_min"] = ab["min"]
         out[f"ratio_{label}_max"] = ab["max"]
+        out[f"ratio_pipelined_{label}"] = pb["median"]
+        out[f"ratio_pipelined_{label}_min"] = pb["min"]
+        out[f"ratio_pipelined_{label}_max"] = pb["max"]
         out[f"ratio_vs_return_{label}"] = ac["median"]
-        for side, name in (("A", "channel"), ("B", "object_ref"), ("C", "actor_return")):
+        for side, name, _ in SIDES:
             out[f"{name}_items_per_s_{label}"] = med[side]
             out[f"{name}_mb_per_s_{label}"] = med[side] * mb
     out["elapsed_s"] = elapsed
     print()
-    print(
-        f"ratio (channel / raw Ray object-store transfer), median of {args.repeats} pairs: "
-        + ", ".join(f"{label} {out[f'ratio_{label}']:.2f}" for label, _ in SIZES)
-        + f"  [{elapsed:.0f} s; python benchmarks/channel.py]"
-    )
+    for key, what in (("ratio", "channel"), ("ratio_pipelined", "pipelined channel")):
+        print(
+            f"{key}: {what} / raw Ray object-store transfer, median of {args.repeats} pairs: "
+            + ", ".join(f"{label} {out[f'{key}_{label}']:.2f}" for label, _ in SIZES)
+        )
+    print(f"[{elapsed:.0f} s timed; python benchmarks/channel.py]")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

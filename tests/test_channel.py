@@ -22,7 +22,8 @@ _ids = itertools.count()
 
 @pytest.fixture(scope="module")
 def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    # address="local": always a fresh instance, never a `ray start` cluster someone left running here
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -174,13 +175,8 @@ def _produce(ch: Channel, pid: int, n: int) -> int:
     return n
 
 
-@ray.remote(num_cpus=0)
-def _consume(ch: Channel) -> list:
-    got = []
-    while True:
-        env = ch.get_envelope(timeout=60)
-        if env.item is None:
-            return got
+def _consume(ch: Channel, got: list) -> None:
+    while (env := ch.get_envelope(timeout=60)).item is not None:
         got.append((env.item, env.seq))
 
 
@@ -195,12 +191,19 @@ def _check_exactly_once(received: list, n_producers: int, n_items: int):
 
 def test_concurrent_producers_consumers_ray(make):
     ch = make("ray", maxsize=16)
-    producers = [_produce.remote(ch, p, 200) for p in range(3)]
-    consumers = [_consume.remote(ch) for _ in range(2)]
+    # producer 0 puts strictly (each put returns once stored); 1 and 2 pipeline up to 4 puts
+    handles = [ch, ch.with_put_window(4), ch.with_put_window(4)]
+    producers = [_produce.remote(h, p, 200) for p, h in enumerate(handles)]
+    per_consumer: list[list] = [[], []]  # two consumer threads in the driver, each with its own handle
+    consumers = [threading.Thread(target=_consume, args=(pickle.loads(pickle.dumps(ch)), got)) for got in per_consumer]
+    for t in consumers:
+        t.start()
     assert ray.get(producers, timeout=120) == [200] * 3
     for _ in consumers:
         ch.put(None, timeout=30)
-    per_consumer = ray.get(consumers, timeout=60)
+    for t in consumers:
+        t.join(60)
+    assert not any(t.is_alive() for t in consumers)
     for got in per_consumer:  # each consumer saw each producer's items in order
         for p in range(3):
             mine = [i for (q, i), _ in got if q == p]
@@ -208,6 +211,34 @@ def test_concurrent_producers_consumers_ray(make):
     _check_exactly_once([r for got in per_consumer for r in got], 3, 200)
     stats = ch.stats()
     assert stats["puts_inline"] == 602 and stats["puts_by_ref"] == 0 and stats["size"] == 0
+
+
+def test_pipelined_puts_keep_order_and_backpressure(make):
+    ch = make("ray", maxsize=2, put_window=3)
+    observer = Channel.connect(ch.name)  # a handle with no puts of its own in flight
+    assert observer.put_window == 3
+    for i in range(5):  # 2 stored + 3 in flight: none of these waits for a consumer
+        ch.put(i)
+    done = threading.Event()
+
+    def sixth():
+        ch.put(5)  # the window is full and the channel too: this waits
+        done.set()
+
+    t = threading.Thread(target=sixth)
+    t.start()
+    wait_until(lambda: observer.stats()["blocked_puts"] >= 1, what="a put to wait for space")
+    assert observer.qsize() == 2 and not done.is_set()
+    assert [observer.get(timeout=20) for _ in range(6)] == [0, 1, 2, 3, 4, 5]
+    t.join(20)
+    assert done.is_set()
+
+    # many pipelined puts (Ray may run them out of order) land in order; read-your-writes on a handle
+    ch2 = make("ray", put_window=4)
+    for i in range(60):
+        ch2.put(i, key=i % 3)
+    assert ch2.qsize() == 60  # qsize waits for this handle's puts first
+    assert [ch2.get() for _ in range(60)] == list(range(60))
 
 
 def test_concurrent_producers_consumers_local(make):

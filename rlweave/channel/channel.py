@@ -38,6 +38,11 @@ serialised by pickling their storage; convert TensorDicts to numpy (``td.numpy()
 path through the object store. The object is owned by the producing process: if that process exits
 before the item is consumed, ``get`` raises Ray's ``OwnerDiedError``.
 
+Pipelined puts (Ray backend, opt-in): ``Channel.create(..., put_window=W)`` or
+``ch.with_put_window(W)`` lets a blocking put without timeout return once sent, with up to W in
+flight per handle (order kept by per-handle sequence numbers; the handle's next other call or
+``flush()`` waits for them). By default (W=0) a put returns once the item is stored.
+
 A caller that abandons a blocking Ray ``get`` (e.g. Ctrl-C) may lose the item the actor hands out
 afterwards; use timeouts for graceful shutdown. Inside async actors use ``aput``/``aget``/
 ``aget_batch``: the blocking methods would block the event loop.
@@ -53,7 +58,7 @@ import uuid
 from collections import deque
 from typing import Any, Hashable
 
-from ._actor import EMPTY, FULL, OK, ChannelActor
+from ._actor import OK, ChannelActor
 from ._core import (
     DEFAULT_REF_THRESHOLD,
     ENC_OBJECT,

@@ -1,0 +1,24 @@
+"""Shared test set-up: make the ``tests`` package importable everywhere.
+
+Ray worker processes and subprocesses build the test environments in ``tests/nan_env.py`` by import
+path (``tests.nan_env``) and unpickle worker classes defined in test modules by reference (``test_worker``,
+imported top-level by pytest), so the repository root and ``tests/`` go on ``sys.path`` here and on
+``PYTHONPATH`` before any test starts Ray (Ray's processes inherit the driver's environment).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+TESTS_DIR = str(Path(__file__).resolve().parent)
+REPO_ROOT = str(Path(TESTS_DIR).parent)
+
+for _p in (TESTS_DIR, REPO_ROOT):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+_pp = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+os.environ["PYTHONPATH"] = os.pathsep.join([REPO_ROOT, TESTS_DIR] + [p for p in _pp if p not in (REPO_ROOT, TESTS_DIR)])
+# Nothing outside this machine is reachable: keep Ray from trying to report usage.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
