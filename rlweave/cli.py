@@ -33,6 +33,7 @@ def cmd_recipes(args) -> int:
 
 
 def cmd_train(args) -> int:
+    from rlweave.cluster import PlacementError
     from rlweave.config import ConfigError, load_config
 
     try:
@@ -41,7 +42,7 @@ def cmd_train(args) -> int:
         if (run_dir / "metrics.jsonl").exists():
             return _fail(f"run.dir: {run_dir} already holds a run; use 'rlweave resume {run_dir}' or another run.dir")
         runner = _runner_class(cfg.runner)(cfg, run_dir)
-    except (ConfigError, FileNotFoundError) as e:
+    except (ConfigError, PlacementError, FileNotFoundError) as e:
         return _fail(str(e))
     print(f"[rlweave] run folder: {run_dir}")
     return _execute(runner)
@@ -69,11 +70,15 @@ def cmd_resume(args) -> int:
 def _execute(runner) -> int:
     from rlweave.cluster import PlacementError, WorkerError
     from rlweave.config import ConfigError
+    from rlweave.envs import EnvError
 
     try:
         last = runner.run()
     except (ConfigError, PlacementError, FileNotFoundError) as e:
         return _fail(str(e))
+    except EnvError as e:  # raised in the driver, e.g. by evaluation
+        print(f"rlweave: run stopped: {e}", file=sys.stderr)
+        return 1
     except WorkerError as e:
         log = Path(runner.run_dir) / "error.log"
         try:

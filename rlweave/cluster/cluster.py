@@ -80,7 +80,9 @@ class Cluster:
             else:
                 # Silence Ray's own metrics exporter and usage stats: nothing outside is reachable.
                 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-                ray.init(num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, **kwargs)
+                # address="local": always a new embedded Ray, never a cluster that another program
+                # on this machine happened to start with `ray start`.
+                ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, **kwargs)
                 started_here = True
                 atexit.register(_shutdown_if_initialized)
         cluster = cls(nodes=_read_nodes(), started_here=started_here)
@@ -117,6 +119,16 @@ class Cluster:
         parts = [f"node{n.index}: {n.num_cpus} CPU, {n.num_gpus} GPU" for n in self.nodes]
         mode = "local (no Ray)" if self.local else ("embedded Ray" if self.started_here else "Ray cluster")
         return f"{mode}, {self.num_nodes} node(s), {self.num_slots} {kind} slot(s) [{'; '.join(parts)}]"
+
+    @classmethod
+    def planned(cls, num_cpus: int | None = None, num_gpus: int | None = None) -> "Cluster":
+        """The inventory an embedded Ray *will* have, so placement can be checked before starting."""
+        gpus = num_gpus
+        if gpus is None:
+            import torch
+
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return cls(nodes=[NodeInfo(0, "planned", "127.0.0.1", num_cpus or os.cpu_count() or 1, gpus)])
 
     def shutdown(self) -> None:
         """Stops Ray if this process started it; an attached cluster is left running."""

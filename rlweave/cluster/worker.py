@@ -173,6 +173,11 @@ class _LocalHost(_HostBase):
         self.pool = cf.ThreadPoolExecutor(max_workers=8)
 
 
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else text
+
+
 class Handle:
     """Result of a group call: ``wait()`` returns one result per called rank, in rank order."""
 
@@ -217,7 +222,9 @@ class Handle:
             cause = e.cause if isinstance(getattr(e, "cause", None), WorkerError) else None
             if cause is not None:
                 raise WorkerError(cause.group, cause.rank, cause.method, cause.short.split("(): ", 1)[-1], cause.remote_traceback) from None
-            raise WorkerError(self.group, rank, self.method, str(e).splitlines()[0]) from None
+            inner = getattr(e, "cause", None)
+            detail = repr(inner) if inner is not None else _last_line(str(e))
+            raise WorkerError(self.group, rank, self.method, detail) from None
         except ray.exceptions.RayActorError as e:
             raise WorkerError(self.group, rank, self.method, f"worker process died ({type(e).__name__})") from None
 
@@ -259,11 +266,16 @@ class WorkerGroup:
             self.hosts = [self._start_host(placement.slots[r], placement) for r in range(n)]
         contexts = [self._context(r, placement) for r in range(n)]
         kwargs = dict(kwargs or {})
-        refs = [self._host_call(h, "add_worker", self.name, cls, ctx, tuple(args), kwargs) for h, ctx in zip(self.hosts, contexts)]
-        Handle(self.name, "__init__", list(range(n)), refs).wait()
-        if init_dist and n > 1:
-            host, port = self.call("dist_address", ranks=[0]).wait()[0]
-            self.call("init_dist", host, port).wait()
+        try:
+            refs = [self._host_call(h, "add_worker", self.name, cls, ctx, tuple(args), kwargs) for h, ctx in zip(self.hosts, contexts)]
+            Handle(self.name, "__init__", list(range(n)), refs).wait()
+            if init_dist and n > 1:
+                host, port = self.call("dist_address", ranks=[0]).wait()[0]
+                self.call("init_dist", host, port).wait()
+        except BaseException:
+            if colocate_with is None:  # hosts we started die with the failed group, not at GC time
+                self.shutdown()
+            raise
 
     @property
     def world_size(self) -> int:

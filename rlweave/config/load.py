@@ -85,14 +85,13 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> None:
                     del node[leaf]
                 continue
             value = o.value()
-            if OmegaConf.select(cfg, key, default=_MISSING) is _MISSING and not o.is_add():
-                raise ConfigError(f"config key '{key}': unknown key")
-            if o.is_add():
-                parent = key.rpartition(".")[0]
-                node = OmegaConf.select(cfg, parent) if parent else cfg
-                if node is None or OmegaConf.get_type(node) is not dict:
-                    raise ConfigError(f"config key '{key}': unknown key ('+' adds keys only to free-form dicts such as env.kwargs)")
-                with _open_dict(node):
+            if OmegaConf.select(cfg, key, default=_MISSING) is _MISSING:
+                # New keys may go only into dict-typed fields (env.kwargs, placement.groups.<name>);
+                # '+' is accepted but not required there. Everywhere else the key is unknown.
+                leaf = _make_room(cfg, key)
+                if leaf is None:
+                    raise ConfigError(f"config key '{key}': unknown key")
+                with _open_dict(leaf):
                     OmegaConf.update(cfg, key, value, merge=True)
             else:
                 OmegaConf.update(cfg, key, value, merge=True)
@@ -101,6 +100,26 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> None:
 
 
 _MISSING = object()
+
+
+def _make_room(cfg: DictConfig, key: str):
+    """Creates the missing dict entries on the way to ``key`` and returns the node that will hold
+    its leaf, or None when the path crosses a schema section (where new keys are not allowed)."""
+    parts = key.split(".")
+    node = cfg
+    for part in parts[:-1]:
+        if part not in node:
+            if OmegaConf.get_type(node) is not dict:
+                return None
+            elem = node._metadata.element_type
+            with _open_dict(node):
+                node[part] = OmegaConf.structured(elem) if dataclasses.is_dataclass(elem) else {}
+        node = node[part]
+        if not isinstance(node, DictConfig):
+            return None
+    if parts[-1] not in node and OmegaConf.get_type(node) is not dict:
+        return None
+    return node
 
 
 def _open_dict(node):

@@ -7,6 +7,7 @@ Pixel observations use MuJoCo's offscreen renderer (``MUJOCO_GL=egl``) or the en
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import gymnasium as gym
@@ -16,6 +17,9 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 def make_env(task: str, pixels: dict | None = None, max_episode_steps: int | None = None, **kwargs) -> gym.Env:
+    if ":" in task:  # "package.module:EnvId-v0": importing the module registers the env (as gym.make does)
+        module, _, task = task.partition(":")
+        importlib.import_module(module)
     try:
         spec = gym.spec(task)
     except gym.error.Error as e:

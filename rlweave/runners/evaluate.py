@@ -21,6 +21,7 @@ def evaluate_policy(policy: Policy, env_cfg: dict, episodes: int, seed: int, gam
         max_episode_steps=env_cfg.get("max_episode_steps"),
         pixels=env_cfg.get("pixels"),
         gamma=gamma,
+        on_nonfinite=env_cfg.get("on_nonfinite", "error"),
         kwargs=env_cfg.get("kwargs"),
     )
     try:
@@ -39,6 +40,8 @@ def evaluate_policy(policy: Policy, env_cfg: dict, episodes: int, seed: int, gam
     finally:
         env.close()
     returns = np.asarray(stats["return"], dtype=np.float64)
+    if returns.size == 0:  # every episode was dropped for non-finite values
+        return {"eval/episodes": 0}
     out = {
         "eval/episode_return": float(returns.mean()),
         "eval/episode_return_std": float(returns.std()),

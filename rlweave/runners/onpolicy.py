@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlweave.algorithms import get_algorithm
 from rlweave.channel import Channel
-from rlweave.cluster import Cluster, WorkerGroup, make_plan, wait_all
+from rlweave.cluster import Cluster, PlacementError, WorkerGroup, make_plan, wait_all
 from rlweave.config import ConfigError
 from rlweave.envs import space_info
 from rlweave.models import build_policy
@@ -67,6 +67,19 @@ def check_compatible(cfg: DictConfig):
     return obs_space, act_space
 
 
+def plan_placement(cfg: DictConfig, cluster: Cluster):
+    """The placement plan of the env/rollout/actor groups on ``cluster`` (PlacementError if bad)."""
+    explicit = {k: OmegaConf.to_container(v) for k, v in cfg.placement.groups.items()}
+    workers = {"env": cfg.env.num_workers, "rollout": cfg.rollout.num_workers, "actor": cfg.actor.num_workers}
+    plan = make_plan(cluster, workers, cfg.placement.mode, explicit, cfg.placement.oversubscribe)
+    n_env, n_roll, n_act = (plan.groups[g].num_workers for g in ("env", "rollout", "actor"))
+    if n_env % n_act:
+        raise PlacementError(f"placement.groups.actor: {n_act} actor ranks must divide {n_env} env workers")
+    if n_env % n_roll:
+        raise PlacementError(f"placement.groups.rollout: {n_roll} rollout workers must divide {n_env} env workers")
+    return plan
+
+
 def _policy_kwargs(cfg: DictConfig) -> dict:
     p = OmegaConf.to_container(cfg.policy)
     name = p.pop("name")
@@ -86,6 +99,10 @@ class OnPolicyRunner:
         self.resume = resume
         self.spec = get_algorithm(cfg.algorithm.name)
         self.obs_space, self.act_space = check_compatible(cfg)
+        if not cfg.cluster.address:
+            # The embedded cluster's inventory is known in advance: refuse a bad placement before
+            # Ray starts or the run folder is made. (An attached cluster is checked after attaching.)
+            plan_placement(cfg, Cluster.planned(cfg.cluster.num_cpus, cfg.cluster.num_gpus))
         e = cfg.env
         self.steps_per_iteration = e.num_workers * e.num_envs * cfg.train.rollout_steps * e.chunk
         # Episodic algorithms (GRPO) collect a variable number of steps: they stop on the step budget.
@@ -105,15 +122,10 @@ class OnPolicyRunner:
         cfg = self.cfg
         c = cfg.cluster
         self.cluster = Cluster.start(address=c.address, num_cpus=c.num_cpus, num_gpus=c.num_gpus, dashboard=c.dashboard, local=c.local)
-        explicit = {k: OmegaConf.to_container(v) for k, v in cfg.placement.groups.items()}
-        workers = {"env": cfg.env.num_workers, "rollout": cfg.rollout.num_workers, "actor": cfg.actor.num_workers}
-        plan = make_plan(self.cluster, workers, cfg.placement.mode, explicit, cfg.placement.oversubscribe)
-        self.plan = plan
+        plan = self.plan = plan_placement(cfg, self.cluster)
         print(f"[rlweave] {self.cluster.describe()}")
         print(f"[rlweave] {plan.describe()}")
         n_env, n_roll, n_act = (plan.groups[g].num_workers for g in ("env", "rollout", "actor"))
-        if n_env % n_act:
-            raise ConfigError(f"placement.groups.actor: {n_act} actor ranks must divide {n_env} env workers")
         fused = plan.groups["env"].slots == plan.groups["rollout"].slots
         local_io = fused or self.cluster.local
         run_id = uuid.uuid4().hex[:8]
@@ -137,8 +149,6 @@ class OnPolicyRunner:
             args=(pkw, self.obs_space, self.act_space, cfg.env.chunk, seed, obs_ch, act_ch, served[0]),
             colocate_with=self.env if fused else None,
         )
-        if len(set(served)) > 1:
-            raise ConfigError(f"rollout.num_workers: {n_roll} must divide env.num_workers ({n_env})")
         self.groups.append(self.rollout)
         self.actor = WorkerGroup(
             ActorWorker, plan.groups["actor"], self.cluster,

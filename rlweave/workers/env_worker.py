@@ -65,7 +65,7 @@ class EnvWorker(Worker):
         obs = env.obs
         space = env.single_action_space
         t_env = t_wait = 0.0
-        start_steps = env.steps
+        start_steps, start_dropped = env.steps, env.dropped_episodes
         buf: dict[str, np.ndarray] = {
             "obs": np.empty((num_steps, *obs.shape), dtype=obs.dtype),
             "rewards": np.zeros((num_steps, n), dtype=np.float32),
@@ -122,7 +122,7 @@ class EnvWorker(Worker):
             "env_steps": env.steps - start_steps,
             "decisions": steps * n,
             "episodes": stats,
-            "dropped_episodes": env.dropped_episodes,
+            "dropped_episodes": env.dropped_episodes - start_dropped,
             "time_env": t_env,
             "time_wait_action": t_wait,
         }
