@@ -414,6 +414,7 @@ def test_evaluation_honours_on_nonfinite_drop():
                "kwargs": {"nan_at": 5}, "on_nonfinite": "drop"}
     result = evaluate_policy(policy, env_cfg, episodes=2, seed=0)
     assert "eval/episode_return" in result
+    assert result["eval/episodes"] == 0 and result["eval/dropped_episodes"] == 2
 
 
 # --------------------------------------------------------------------------- no Ray processes left behind

@@ -40,8 +40,8 @@ def evaluate_policy(policy: Policy, env_cfg: dict, episodes: int, seed: int, gam
     finally:
         env.close()
     returns = np.asarray(stats["return"], dtype=np.float64)
-    if returns.size == 0:  # every episode was dropped for non-finite values
-        return {"eval/episodes": 0}
+    if returns.size == 0:  # every episode was dropped for non-finite values: no return to report
+        return {"eval/episode_return": None, "eval/episodes": 0, "eval/dropped_episodes": env.dropped_episodes}
     out = {
         "eval/episode_return": float(returns.mean()),
         "eval/episode_return_std": float(returns.std()),

@@ -49,7 +49,8 @@ class ActorWorker(Worker):
         )
         self.float_obs = observation_space.dtype != np.uint8
         # fused Adam: one kernel for all parameters instead of ~13 small ops per tensor per step
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=algo_cfg["lr"], eps=1e-5, fused=True)
+        self.params = list(self.policy.parameters())
+        self.optimizer = torch.optim.Adam(self.params, lr=algo_cfg["lr"], eps=1e-5, fused=True)
         self.traj_ch = trajectory_channel.open()
         self.trajectories_per_rank = trajectories_per_rank
         self.version = 0
@@ -180,7 +181,7 @@ class ActorWorker(Worker):
         model = self._module()
         B = batch.batch_size[0]
         mb = max(1, cfg["minibatch_size"] // self.world_size)
-        sums: dict[str, float] = {}
+        sums: dict[str, torch.Tensor] = {}
         count = 0
         keys = ("obs", "action", "log_prob", "adv", "returns", "value")
         for _ in range(cfg["epochs"]):
@@ -211,12 +212,12 @@ class ActorWorker(Worker):
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg["max_grad_norm"] > 0:
-                    torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg["max_grad_norm"])
+                    torch.nn.utils.clip_grad_norm_(self.params, cfg["max_grad_norm"], foreach=True)
                 self.optimizer.step()
-                for k, v in terms.items():
-                    sums[k] = sums.get(k, 0.0) + float(v.detach())
+                for k, v in terms.items():  # summed as tensors: no sync to Python per minibatch
+                    sums[k] = sums[k] + v.detach() if k in sums else v.detach()
                 count += 1
-        out = {f"train/{k}": v / max(1, count) for k, v in sums.items()}
+        out = {f"train/{k}": float(v) / max(1, count) for k, v in sums.items()}
         out["train/lr"] = lr
         out["train/updates"] = count
         return out
