@@ -455,7 +455,11 @@ def main(argv: list[str] | None = None) -> dict:
     import mujoco  # noqa: F401
     import numpy  # noqa: F401
     import ray  # noqa: F401
-    import stable_baselines3  # noqa: F401
+
+    try:
+        import stable_baselines3  # noqa: F401
+    except ImportError:
+        raise SystemExit("ppo-vs-sb3 needs Stable-Baselines3: bash scripts/setup.sh dev,bench  (the 'bench' extra)") from None
 
     rl_set = rlweave_settings(args.rlweave_set, args.env_workers)
     sb_set = sb3_settings(args.sb3_adam)
