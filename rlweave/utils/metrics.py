@@ -106,10 +106,15 @@ class Progress:
         self.enabled = enabled
         self.start = time.perf_counter()
         self.tty = sys.stderr.isatty()
+        self._last_print = 0.0
 
     def update(self, iteration: int, env_steps: int, ret: float | None, eval_ret: float | None = None) -> None:
         if not self.enabled:
             return
+        now = time.perf_counter()
+        if not self.tty and now - self._last_print < 10.0 and env_steps < self.total:
+            return  # a log file gets a line every 10 s, not one per iteration
+        self._last_print = now
         elapsed = time.perf_counter() - self.start
         rate = env_steps / elapsed if elapsed > 0 else 0.0
         eta = (self.total - env_steps) / rate if rate > 0 else float("nan")
