@@ -222,10 +222,6 @@ def make_plan(
 
 
 def _compact(slots: list[Slot]) -> str:
-    """``node0:0-3`` style text for a list of slots (for printing)."""
-    out: list[str] = []
-    for s in slots:
-        out.append(str(s))
-    if len(out) > 6:
-        return f"{out[0]}..{out[-1]}"
-    return ",".join(out)
+    """Slots as text for the start-up line, elided in the middle when long."""
+    text = [str(s) for s in slots]
+    return f"{text[0]}..{text[-1]}" if len(text) > 6 else ",".join(text)

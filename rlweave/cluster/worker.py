@@ -186,7 +186,6 @@ class Handle:
         self._pending = pending  # ObjectRefs (Ray) or Futures (local)
         self._results: list | None = None
         self.durations: list[float] = []
-        self.started = time.perf_counter()
 
     def done(self) -> bool:
         if self._results is not None:
