@@ -129,15 +129,22 @@ class Policy(nn.Module):
     def _value(self, obs: Tensor) -> Tensor:
         raise NotImplementedError
 
-    # ---- contract -----------------------------------------------------------------------------
-    @torch.no_grad()
-    def act(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    def _heads(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Head output, value (zeros without a critic) and, for discrete actions, log-probs of
+        every action per chunk element: the part ``act`` and ``evaluate`` share."""
         out, value = self._forward(obs, self.has_critic)
         B = out.shape[0]
         if value is None:
             value = out.new_zeros(B)
+        logp_all = out.view(B, self.chunk, self.n).log_softmax(-1) if self.discrete else None
+        return out, value, logp_all
+
+    # ---- contract -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def act(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        out, value, logp_all = self._heads(obs)
+        B = out.shape[0]
         if self.discrete:
-            logp_all = out.view(B, self.chunk, self.n).log_softmax(-1)
             if deterministic:
                 action = logp_all.argmax(-1)
             else:
@@ -156,12 +163,9 @@ class Policy(nn.Module):
         return action.view(B, self.chunk, *self.action_shape), log_prob, value
 
     def evaluate(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        out, value = self._forward(obs, self.has_critic)
+        out, value, logp_all = self._heads(obs)
         B = out.shape[0]
-        if value is None:
-            value = out.new_zeros(B)
         if self.discrete:
-            logp_all = out.view(B, self.chunk, self.n).log_softmax(-1)
             a = action.reshape(B, self.chunk, 1).long()
             log_prob = logp_all.gather(-1, a).view(B, self.chunk).sum(-1)
             entropy = -(logp_all.exp() * logp_all).sum(-1).sum(-1)
