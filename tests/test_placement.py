@@ -313,12 +313,13 @@ def test_unknown_group_names_key_and_lists_known_groups():
     assert str(info.value) == "placement.groups.bogus: unknown worker group (known: actor, env, rollout)"
 
 
-def test_auto_mode_is_refused_with_the_reason():
+def test_auto_mode_is_not_a_layout_of_make_plan():
+    # 'auto' is resolved by the runner's planner into concrete layouts; make_plan lays out those
     with pytest.raises(PlacementError) as info:
         make_plan(gpu_cluster(), WORKERS, mode="auto")
     msg = str(info.value)
-    assert msg.startswith("placement.mode: 'auto' needs the execution planner")
-    assert msg.endswith("use one of collocated, disaggregated, hybrid")
+    assert msg.startswith("placement.mode: 'auto' is chosen by the runner's planner")
+    assert msg.endswith("pass one of collocated, disaggregated, hybrid")
 
 
 def test_unknown_mode_and_empty_group_are_refused():

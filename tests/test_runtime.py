@@ -149,10 +149,10 @@ def test_unknown_placement_group_in_recipe_is_refused_before_start(capsys, tmp_p
     assert not run_dir.exists()
 
 
-def test_auto_placement_is_refused_before_start(capsys, tmp_path, no_cluster_start):
+def test_auto_placement_with_fixed_env_slots_is_refused_before_start(capsys, tmp_path, no_cluster_start):
     run_dir = tmp_path / "run"
-    rc = main(["train", "ppo-cartpole", "placement.mode=auto", f"run.dir={run_dir}", *QUIET])
-    assert_refused(capsys, rc, run_dir, "placement.mode: 'auto' needs the execution planner")
+    rc = main(["train", "ppo-cartpole", "placement.mode=auto", "placement.groups.env.slots=0", f"run.dir={run_dir}", *QUIET])
+    assert_refused(capsys, rc, run_dir, "placement.groups: env and rollout slots are the planner's to choose")
     assert not run_dir.exists()
 
 
@@ -264,7 +264,10 @@ def test_trace_json(basic_run):
     assert {"env[0]", "rollout[0]", "actor[0]", "driver"} <= set(tracks)
     names = [e["name"] for e in spans]
     assert names.count("collect") == 8
-    assert names.count("serve") == 8
+    # per-decision events of the first run.trace_iterations (3) iterations: 64 decisions, k=1
+    assert names.count("infer 4 rows") == 3 * 64
+    assert names.count("step mb0") == 3 * 64
+    assert {e["tid"] for e in spans if e["name"] == "infer 4 rows"} == {tracks["rollout[0]"]}
     assert names.count("train") == 8
     assert names.count("weight_sync") == 8
     assert names.count("eval") == 4

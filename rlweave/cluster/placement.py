@@ -155,8 +155,8 @@ def make_plan(
     if mode not in MODES:
         if mode == "auto":
             raise PlacementError(
-                "placement.mode: 'auto' needs the execution planner, which is not built yet; "
-                f"use one of {', '.join(MODES)}"
+                "placement.mode: 'auto' is chosen by the runner's planner, not laid out here; "
+                f"pass one of {', '.join(MODES)}"
             )
         raise PlacementError(f"placement.mode: unknown mode '{mode}' (expected one of {', '.join(MODES)})")
     for name, n in workers.items():

@@ -112,10 +112,24 @@ class Worker:
         return backend
 
 
+# Workers living in this process, by (group, rank): a worker calls a peer fused into its own host
+# process directly (a function call) instead of through Ray.
+_IN_PROCESS: dict[tuple[str, int], Any] = {}
+
+
+def local_worker(group: str, rank: int) -> Any:
+    """The worker ``group[rank]`` if it lives in this process (fused hosts, local mode)."""
+    try:
+        return _IN_PROCESS[(group, rank)]
+    except KeyError:
+        raise LookupError(f"worker {group}[rank {rank}] does not live in this process") from None
+
+
 def _bind(cls: type, ctx: WorkerContext, args: tuple, kwargs: dict) -> Any:
     obj = cls.__new__(cls)
     obj._ctx = ctx
     obj.__init__(*args, **kwargs)
+    _IN_PROCESS[(ctx.group, ctx.rank)] = obj
     return obj
 
 
@@ -136,6 +150,19 @@ class _HostBase:
             return None, time.perf_counter() - start
         except Exception as e:  # noqa: BLE001 - re-raised with location
             raise WorkerError(group, ctx.rank, "__init__", repr(e), traceback.format_exc()) from None
+
+    def remove_worker(self, group: str) -> tuple[None, float]:
+        worker = self.workers.pop(group, None)
+        ctx = self.contexts.pop(group, None)
+        if ctx is not None and _IN_PROCESS.get((group, ctx.rank)) is worker:
+            del _IN_PROCESS[(group, ctx.rank)]
+        return None, 0.0
+
+    def set_context(self, group: str, ctx: WorkerContext) -> tuple[None, float]:
+        self.contexts[group] = ctx
+        self.workers[group]._ctx = ctx
+        _IN_PROCESS[(group, ctx.rank)] = self.workers[group]
+        return None, 0.0
 
     def run(self, group: str, method: str, args: tuple, kwargs: dict) -> tuple[Any, float]:
         ctx = self.contexts[group]
@@ -235,6 +262,52 @@ class Handle:
         return _collect().__await__()
 
 
+class _Done:
+    __slots__ = ("value", "duration")
+
+    def __init__(self, value: Any, duration: float):
+        self.value, self.duration = value, duration
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A handle one worker holds to a worker of another group, for request/reply calls inside a
+    stage (an env worker asking a rollout worker for actions). When the peer lives in the caller's
+    process (fused hosts, local mode) a call is a plain function call; otherwise it is one Ray call
+    to the peer's host, so a request costs one round trip and several can be in flight.
+    ``result`` returns ``(value, seconds the peer spent)``; a failure in the peer re-raises the
+    peer's own :class:`WorkerError`."""
+
+    group: str
+    rank: int
+    host: Any = None  # the peer's Ray host; None = same process
+
+    def submit(self, method: str, *args) -> Any:
+        if self.host is None:
+            t0 = time.perf_counter()
+            try:
+                value = getattr(local_worker(self.group, self.rank), method)(*args)
+            except WorkerError:
+                raise
+            except Exception as e:  # noqa: BLE001 - same shape as a remote failure
+                raise WorkerError(self.group, self.rank, method, repr(e), traceback.format_exc()) from None
+            return _Done(value, time.perf_counter() - t0)
+        return self.host.run.remote(self.group, method, args, {})
+
+    def result(self, pending: Any) -> tuple[Any, float]:
+        if isinstance(pending, _Done):
+            return pending.value, pending.duration
+        try:
+            return ray.get(pending)
+        except ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, WorkerError):
+                raise WorkerError(cause.group, cause.rank, cause.method, cause.short.split("(): ", 1)[-1], cause.remote_traceback) from None
+            raise
+        except ray.exceptions.RayActorError:
+            raise WorkerError(self.group, self.rank, "(peer call)", "worker process died") from None
+
+
 class WorkerGroup:
     """N workers of one class, placed on slots, called together."""
 
@@ -254,6 +327,9 @@ class WorkerGroup:
         self.placement = placement
         self.cluster = cluster
         self.local = cluster.local
+        self.args, self.kwargs = tuple(args), dict(kwargs or {})
+        self.owns_hosts = colocate_with is None
+        self.has_dist = init_dist
         n = placement.num_workers
         if colocate_with is not None:
             if colocate_with.placement.slots != placement.slots:
@@ -308,8 +384,53 @@ class WorkerGroup:
             return [p.result() for p in pending]
         return ray.get(pending)
 
+    def peer(self, rank: int, caller_host: Any = None) -> Peer:
+        """A :class:`Peer` for ``rank``, to hand to a worker living in ``caller_host`` (another
+        group's ``hosts[i]``): a direct in-process reference when that is ``rank``'s own host
+        process (fused groups) or in local mode, else a Ray reference."""
+        same_process = self.local or caller_host is self.hosts[rank]
+        return Peer(self.name, rank, None if same_process else self.hosts[rank])
+
+    def resize(self, placement: GroupPlacement) -> None:
+        """Grows or shrinks the group to ``placement`` between calls: ranks beyond the new size stop
+        (their host processes exit), new ranks start on their slots with the group's constructor
+        arguments, and every rank sees the new world size. Ranks that stay keep their process and
+        state, so their slots must not change. Groups that share hosts or a torch.distributed
+        group are rebuilt instead (``ValueError``)."""
+        old, new = self.placement.num_workers, placement.num_workers
+        if not self.owns_hosts or self.has_dist:
+            raise ValueError(f"worker group '{self.name}' shares host processes or a distributed group: rebuild it")
+        keep = min(old, new)
+        if placement.slots[:keep] != self.placement.slots[:keep]:
+            raise ValueError(f"worker group '{self.name}': resizing cannot move ranks 0..{keep - 1} to other slots")
+        if new < old and not self.local:
+            for h in self.hosts[new:]:
+                ray.kill(h)
+        self.hosts = self.hosts[:new]
+        self.placement = placement
+        added = list(range(old, new))
+        self.hosts += [self._start_host(placement.slots[r], placement) for r in added]
+        refs = [self._host_call(self.hosts[r], "add_worker", self.name, self.cls, self._context(r, placement), self.args, self.kwargs) for r in added]
+        refs += [self._host_call(self.hosts[r], "set_context", self.name, self._context(r, placement)) for r in range(keep)]
+        try:
+            Handle(self.name, "__init__", added + list(range(keep)), refs).wait()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def detach(self) -> None:
+        """Removes this group's workers from host processes it shares with another group (the
+        processes keep running the other group); a group that owns its hosts shuts them down."""
+        if self.owns_hosts:
+            self.shutdown()
+            return
+        refs = [self._host_call(h, "remove_worker", self.name) for h in self.hosts]
+        if refs:
+            Handle(self.name, "detach", list(range(len(refs))), refs).wait()
+        self.hosts = []
+
     def shutdown(self) -> None:
-        if not self.local:
+        if not self.local and self.owns_hosts:
             for h in self.hosts:
                 try:
                     ray.kill(h)

@@ -72,6 +72,13 @@ class EnvConfig:
 @dataclass
 class RolloutConfig:
     num_workers: int = positive(1)
+    micro_batches: int = positive(1)  # pipeline depth k: each env worker's envs split into k slices
+
+
+@dataclass
+class PlannerConfig:
+    max_micro_batches: int = positive(4)  # largest pipeline depth placement.mode=auto considers
+    margin: float = field(default=0.15, metadata={"min": 0})  # re-plan when |predicted-measured| > margin*measured
 
 
 @dataclass
@@ -126,6 +133,7 @@ class RunConfig:
     progress: bool = True
     tensorboard: bool = True
     deterministic: bool = False
+    trace_iterations: int = non_negative(3)  # iterations whose per-micro-batch events go to trace.json
 
 
 @dataclass
@@ -136,6 +144,7 @@ class Config:
     runner: str = choice("onpolicy", "onpolicy")
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)

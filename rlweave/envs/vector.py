@@ -96,10 +96,11 @@ class RewardScaler:
         self.ret = np.zeros(num_envs, dtype=np.float64)
         self.mean, self.var, self.count = 0.0, 1.0, 1e-4
 
-    def __call__(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
-        self.ret = self.ret * self.gamma + reward
-        self._update(self.ret)
-        self.ret[done] = 0.0
+    def __call__(self, reward: np.ndarray, done: np.ndarray, envs: slice = slice(None)) -> np.ndarray:
+        """Scales the rewards of envs ``envs`` (all by default; a micro-batch steps a slice)."""
+        self.ret[envs] = self.ret[envs] * self.gamma + reward
+        self._update(self.ret[envs])
+        self.ret[envs][done] = 0.0
         scaled = reward / np.sqrt(self.var + self.eps)
         return np.clip(scaled, -self.clip, self.clip) if self.clip > 0 else scaled
 
@@ -193,12 +194,21 @@ class VectorEnv:
     def obs(self) -> np.ndarray:
         return self.reset() if self._obs is None else self._obs
 
-    def step(self, actions: np.ndarray, auto_reset: bool = True, active: np.ndarray | None = None) -> StepResult:
-        """Steps one decision: ``actions`` is [num_envs, chunk, *action_shape]. A finished env is
-        reset at once (its final observation is kept when the episode was truncated), unless
-        ``auto_reset`` is off; envs with ``active[i] == False`` are not stepped at all."""
-        n = self.num_envs
-        obs = self.obs.copy()
+    def step(
+        self,
+        actions: np.ndarray,
+        auto_reset: bool = True,
+        active: np.ndarray | None = None,
+        envs: slice = slice(None),
+    ) -> StepResult:
+        """Steps one decision of the envs ``envs`` (all by default; a pipelined micro-batch steps a
+        contiguous slice): ``actions`` is [len(envs), chunk, *action_shape], and so is every array
+        of the result (``final_obs`` keys are indices within the slice). A finished env is reset at
+        once (its final observation is kept when the episode was truncated), unless ``auto_reset``
+        is off; envs with ``active[i] == False`` are not stepped at all."""
+        lo, hi, _ = envs.indices(self.num_envs)
+        n = hi - lo
+        obs = self.obs[lo:hi].copy()
         total = np.zeros(n, dtype=np.float64)
         terminated = np.zeros(n, dtype=bool)
         truncated = np.zeros(n, dtype=bool)
@@ -208,7 +218,7 @@ class VectorEnv:
         if self._box:
             space = self.single_action_space
             actions = np.clip(actions, space.low, space.high)
-        for i, env in enumerate(self.envs):
+        for i, env in enumerate(self.envs[lo:hi]):
             if active is not None and not active[i]:
                 continue
             for c in range(self.chunk):
@@ -216,7 +226,7 @@ class VectorEnv:
                     o, r, te, tr, info = env.step(actions[i, c])
                 except Exception as e:  # noqa: BLE001 - re-raised with where it happened
                     raise EnvError(
-                        f"env '{self.env_id}' (env worker rank {self.rank}, env {i}, step {self.steps + 1}) "
+                        f"env '{self.env_id}' (env worker rank {self.rank}, env {lo + i}, step {self.steps + 1}) "
                         f"raised {type(e).__name__}: {e}"
                     ) from e
                 self.steps += 1
@@ -224,14 +234,14 @@ class VectorEnv:
                     if self.on_nonfinite == "error":
                         what = "reward" if np.all(np.isfinite(np.asarray(o, dtype=float))) else "observation"
                         raise EnvError(
-                            f"env '{self.env_id}' (env worker rank {self.rank}, env {i}, step {self.steps}) "
+                            f"env '{self.env_id}' (env worker rank {self.rank}, env {lo + i}, step {self.steps}) "
                             f"returned a non-finite {what}"
                         )
                     dropped[i] = True
                     break
                 total[i] += r
-                self.stats.returns[i] += r
-                self.stats.lengths[i] += 1
+                self.stats.returns[lo + i] += r
+                self.stats.lengths[lo + i] += 1
                 obs[i] = o
                 if te or tr:
                     terminated[i], truncated[i] = bool(te), bool(tr and not te)
@@ -240,19 +250,24 @@ class VectorEnv:
                     break
         done = terminated | truncated
         for i in np.flatnonzero(done):
-            self.stats.finish(int(i), None if np.isnan(success[i]) else success[i])
+            self.stats.finish(lo + int(i), None if np.isnan(success[i]) else success[i])
             if truncated[i]:
                 final_obs[int(i)] = obs[i].copy()
         for i in np.flatnonzero(dropped):
             self.dropped_episodes += 1
-            self.stats.drop(int(i))
+            self.stats.drop(lo + int(i))
             total[i] = 0.0
             terminated[i] = True  # the episode ends here for the learner; nothing to bootstrap
         if auto_reset:
             for i in np.flatnonzero(done | dropped):
-                obs[i] = self.envs[i].reset(seed=self._seeds(1)[0])[0]
-        scaled = self.scaler(total, terminated | truncated) if self.scaler is not None else total
-        self._obs = obs
+                obs[i] = self.envs[lo + i].reset(seed=self._seeds(1)[0])[0]
+        scaled = self.scaler(total, terminated | truncated, envs) if self.scaler is not None else total
+        if hi - lo == self.num_envs:
+            self._obs = obs
+        else:  # a new array: observations handed out earlier never change under their holder
+            whole = self._obs.copy()
+            whole[lo:hi] = obs
+            self._obs = whole
         return StepResult(obs, scaled.astype(np.float32), terminated, truncated, final_obs, dropped)
 
     # -- checks ------------------------------------------------------------------------------

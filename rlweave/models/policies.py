@@ -140,15 +140,28 @@ class Policy(nn.Module):
         return out, value, logp_all
 
     # ---- contract -----------------------------------------------------------------------------
+    def sample_noise(self, batch: int, generator: torch.Generator | None = None) -> Tensor:
+        """The randomness ``act`` consumes for ``batch`` rows: standard normal [batch, head_dim]
+        (Gaussian policies) or uniform [batch, chunk] (categorical, inverse-CDF sampling). Drawing
+        it separately lets a caller make actions depend only on its own seed, not on how requests
+        were batched or which replica served them."""
+        if self.discrete:
+            return torch.rand(batch, self.chunk, generator=generator)
+        return torch.randn(batch, self.head_dim, generator=generator)
+
     @torch.no_grad()
-    def act(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    def act(self, obs: Tensor, deterministic: bool = False, noise: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Actions, their log-probs and values. ``noise``: rows of :meth:`sample_noise` to use
+        (default: drawn from torch's global generator)."""
         out, value, logp_all = self._heads(obs)
         B = out.shape[0]
         if self.discrete:
             if deterministic:
                 action = logp_all.argmax(-1)
             else:
-                action = torch.multinomial(logp_all.view(-1, self.n).exp(), 1).view(B, self.chunk)
+                u = self.sample_noise(B) if noise is None else noise.to(out.device)
+                cdf = logp_all.exp().cumsum(-1)  # [B, chunk, n]
+                action = (cdf < u.unsqueeze(-1)).sum(-1).clamp_(max=self.n - 1)
             log_prob = logp_all.gather(-1, action.unsqueeze(-1)).view(B, self.chunk).sum(-1)
             return action, log_prob, value
         log_std = self.log_std
@@ -157,7 +170,7 @@ class Policy(nn.Module):
             action = out
             log_prob = (-const).expand(B).clone()
         else:
-            eps = torch.randn_like(out)
+            eps = self.sample_noise(B).to(out) if noise is None else noise.to(out)
             action = torch.addcmul(out, eps, log_std.exp())
             log_prob = eps.square().sum(-1).mul_(-0.5).sub_(const)
         return action.view(B, self.chunk, *self.action_shape), log_prob, value

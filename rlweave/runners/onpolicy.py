@@ -2,18 +2,23 @@
 
 Logical workflow, the same under every placement::
 
-    env workers --obs--> rollout workers --actions--> env workers     (per decision)
-    env workers --trajectories--> actor workers                        (per iteration)
+    env workers --obs / actions (request, reply)--> rollout workers   (per decision, per micro-batch)
+    env workers --trajectories (channel)--> actor workers              (per iteration)
     actor rank 0 --weights (bucketed, versioned, checksummed)--> rollout workers
 
-Physically, when env and rollout groups sit on identical slots they share host processes and the
-obs/action channels are in-process; otherwise both are Ray channels. The driver below reads as a
-one-process program: each line is a call on a whole worker group.
+Physically (a :class:`~rlweave.flow.FlowPlan`): when env and rollout groups sit on identical slots
+they share host processes and a request is a function call; otherwise it is one Ray call. Each env
+worker's envs are split into ``micro_batches`` slices so env stepping and inference overlap. With
+``placement.mode=auto`` the :class:`~rlweave.flow.Planner` measures the first iterations, predicts
+every candidate plan and switches to the fastest at an iteration boundary. The driver below reads as
+a one-process program: each line is a call on a whole worker group.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
 import time
 import uuid
@@ -25,9 +30,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlweave.algorithms import get_algorithm
 from rlweave.channel import Channel
-from rlweave.cluster import Cluster, PlacementError, WorkerGroup, make_plan, wait_all
+from rlweave.cluster import Cluster, GroupPlacement, PlacementError, Slot, WorkerGroup, make_plan, wait_all
 from rlweave.config import ConfigError
 from rlweave.envs import space_info
+from rlweave.flow import FlowPlan, Measurement, Planner, Prediction, plan_from_groups
 from rlweave.models import build_policy
 from rlweave.runners.evaluate import evaluate_policy
 from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -68,10 +74,19 @@ def check_compatible(cfg: DictConfig):
 
 
 def plan_placement(cfg: DictConfig, cluster: Cluster):
-    """The placement plan of the env/rollout/actor groups on ``cluster`` (PlacementError if bad)."""
+    """The placement plan of the env/rollout/actor groups on ``cluster`` (PlacementError if bad).
+    Under ``placement.mode=auto`` this is the starting layout: the planner's first profiling plan
+    for env and rollout, the actor on the first slots (it trains between collections)."""
     explicit = {k: OmegaConf.to_container(v) for k, v in cfg.placement.groups.items()}
     workers = {"env": cfg.env.num_workers, "rollout": cfg.rollout.num_workers, "actor": cfg.actor.num_workers}
-    plan = make_plan(cluster, workers, cfg.placement.mode, explicit, cfg.placement.oversubscribe)
+    mode = cfg.placement.mode
+    if mode == "auto":
+        if set(explicit) & {"env", "rollout"}:
+            raise PlacementError("placement.groups: env and rollout slots are the planner's to choose under placement.mode=auto")
+        workers["env"] = workers["rollout"] = 1
+        explicit.setdefault("actor", {"slots": f"0-{min(cluster.num_slots, cfg.actor.num_workers) - 1}"})
+        mode = "collocated"
+    plan = make_plan(cluster, workers, mode, explicit, cfg.placement.oversubscribe)
     n_env, n_roll, n_act = (plan.groups[g].num_workers for g in ("env", "rollout", "actor"))
     if n_env % n_act:
         raise PlacementError(f"placement.groups.actor: {n_act} actor ranks must divide {n_env} env workers")
@@ -104,18 +119,35 @@ class OnPolicyRunner:
             # Ray starts or the run folder is made. (An attached cluster is checked after attaching.)
             plan_placement(cfg, Cluster.planned(cfg.cluster.num_cpus, cfg.cluster.num_gpus))
         e = cfg.env
-        self.steps_per_iteration = e.num_workers * e.num_envs * cfg.train.rollout_steps * e.chunk
-        # Episodic algorithms (GRPO) collect a variable number of steps: they stop on the step budget.
-        self.iterations = (
-            10**9 if self.spec.episodic_groups else max(1, math.ceil(cfg.train.total_env_steps / self.steps_per_iteration))
-        )
+        self.total_envs = e.num_workers * e.num_envs  # of the logical workflow: plans never change it
+        if e.num_envs % cfg.rollout.micro_batches:
+            raise ConfigError(f"rollout.micro_batches: {cfg.rollout.micro_batches} must divide env.num_envs ({e.num_envs})")
         self.iteration = 0
         self.version = 0
         self.env_steps = 0
         self.wall_offset = 0.0
+        self.generation = 0  # env group rebuilds so far: new env workers get fresh seeds
+        self.env: WorkerGroup | None = None
+        self.rollout: WorkerGroup | None = None
         self.groups: list[WorkerGroup] = []
         self.channels: list[Channel] = []
         self.cluster: Cluster | None = None
+        self.planner: Planner | None = None
+        self.pending_plan: FlowPlan | None = None
+        self.prediction: Prediction | None = None
+        self.plan_log: list[dict] = []
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.total_envs * self.cfg.train.rollout_steps * self.cfg.env.chunk
+
+    @property
+    def iterations(self) -> int:
+        # Episodic algorithms (GRPO) collect a variable number of steps: they stop on the step budget.
+        if self.spec.episodic_groups:
+            return 10**9
+        left = max(0, self.cfg.train.total_env_steps - self.env_steps)
+        return self.iteration + math.ceil(left / self.steps_per_iteration)
 
     # ------------------------------------------------------------------ set-up
     def _start(self) -> None:
@@ -124,40 +156,90 @@ class OnPolicyRunner:
         self.cluster = Cluster.start(address=c.address, num_cpus=c.num_cpus, num_gpus=c.num_gpus, dashboard=c.dashboard, local=c.local)
         plan = self.plan = plan_placement(cfg, self.cluster)
         print(f"[rlweave] {self.cluster.describe()}")
-        print(f"[rlweave] {plan.describe()}")
-        n_env, n_roll, n_act = (plan.groups[g].num_workers for g in ("env", "rollout", "actor"))
-        fused = plan.groups["env"].slots == plan.groups["rollout"].slots
-        local_io = fused or self.cluster.local
+        print(f"[rlweave] {plan.describe()}" + (" (start of placement.mode=auto)" if cfg.placement.mode == "auto" else ""))
+        n_act = plan.groups["actor"].num_workers
         run_id = uuid.uuid4().hex[:8]
-        obs_ch = ChannelSpec(f"{run_id}/obs", local=local_io)
-        act_ch = ChannelSpec(f"{run_id}/actions", local=local_io)
-        traj_ch = ChannelSpec(f"{run_id}/trajectories", local=self.cluster.local)
-        for spec in (obs_ch, act_ch, traj_ch):
-            if not spec.local:
-                self.channels.append(Channel.create(spec.name))
-        env_cfg = OmegaConf.to_container(cfg.env)
-        seed = cfg.seed
-        self.env = WorkerGroup(
-            EnvWorker, plan.groups["env"], self.cluster,
-            args=(env_cfg, seed, cfg.algorithm.gamma, obs_ch, act_ch, traj_ch, n_roll, n_act),
-        )
-        self.groups.append(self.env)
-        served = [sum(1 for e in range(n_env) if e % n_roll == r) for r in range(n_roll)]
-        pkw = _policy_kwargs(cfg)
-        self.rollout = WorkerGroup(
-            RolloutWorker, plan.groups["rollout"], self.cluster,
-            args=(pkw, self.obs_space, self.act_space, cfg.env.chunk, seed, obs_ch, act_ch, served[0]),
-            colocate_with=self.env if fused else None,
-        )
-        self.groups.append(self.rollout)
+        self.traj_spec = ChannelSpec(f"{run_id}/trajectories", local=self.cluster.local)
+        if not self.traj_spec.local:
+            self.channels.append(Channel.create(self.traj_spec.name))
+        self.pkw = _policy_kwargs(cfg)
         self.actor = WorkerGroup(
             ActorWorker, plan.groups["actor"], self.cluster,
-            args=(OmegaConf.to_container(cfg.algorithm), pkw, self.obs_space, self.act_space, cfg.env.chunk,
-                  seed, traj_ch, n_env // n_act),
+            args=(OmegaConf.to_container(cfg.algorithm), self.pkw, self.obs_space, self.act_space, cfg.env.chunk,
+                  cfg.seed, self.traj_spec, max(1, plan.groups["env"].num_workers // n_act)),
             init_dist=True,
         )
         self.groups.append(self.actor)
-        self.eval_policy = build_policy(observation_space=self.obs_space, action_space=self.act_space, chunk=cfg.env.chunk, **pkw)
+        if cfg.placement.mode == "auto":
+            self.planner = Planner(
+                slots=[Slot(n, i) for n in range(self.cluster.num_nodes) for i in range(self.cluster.slots_on(n))],
+                total_envs=self.total_envs, steps=cfg.train.rollout_steps, cores=_physical_cores(self.cluster),
+                max_micro_batches=cfg.planner.max_micro_batches, env_multiple=n_act, margin=cfg.planner.margin,
+            )
+            first = self.planner.profile_plans()[0]
+        else:
+            first = plan_from_groups(plan.groups["env"], plan.groups["rollout"], cfg.rollout.micro_batches)
+        self._apply_flow(first, initial=True)
+        self.eval_policy = build_policy(observation_space=self.obs_space, action_space=self.act_space, chunk=cfg.env.chunk, **self.pkw)
+
+    def _apply_flow(self, flow: FlowPlan, initial: bool = False) -> None:
+        """Lays the env and rollout groups out as ``flow`` says, between iterations. The rollout
+        group is rebuilt (its state is the weights, re-sent here); the env group is kept when its
+        layout is unchanged and rebuilt otherwise (per-worker env counts change with the worker
+        count, so running episodes end at the switch; the trajectories already sent are complete).
+        A failure leaves the previous layout running and raises."""
+        cfg = self.cfg
+        if self.total_envs % flow.num_env or (self.total_envs // flow.num_env) % flow.micro_batches:
+            raise PlacementError(f"plan {flow.label()}: {self.total_envs} envs do not split into {flow.num_env} workers x {flow.micro_batches} micro-batches")
+        n_act = self.actor.world_size
+        if flow.num_env % n_act:
+            raise PlacementError(f"plan {flow.label()}: {n_act} actor ranks must divide {flow.num_env} env workers")
+        old_env, old_rollout, old_flow = self.env, self.rollout, getattr(self, "flow", None)
+        rebuild_env = old_flow is None or old_flow.env_slots != flow.env_slots
+        placements = flow.placements()
+        new_env = old_env
+        try:
+            if old_rollout is not None:
+                old_rollout.detach()
+            if rebuild_env:
+                if old_env is not None:
+                    old_env.shutdown()
+                    self.generation += 1
+                env_cfg = OmegaConf.to_container(cfg.env)
+                env_cfg["num_envs"] = self.total_envs // flow.num_env
+                new_env = WorkerGroup(
+                    EnvWorker, placements["env"], self.cluster,
+                    args=(env_cfg, cfg.seed + 1_000_003 * self.generation, cfg.algorithm.gamma, None, self.traj_spec, n_act),
+                )
+            new_rollout = WorkerGroup(
+                RolloutWorker, placements["rollout"], self.cluster,
+                args=(self.pkw, self.obs_space, self.act_space, cfg.env.chunk, cfg.seed),
+                colocate_with=new_env if flow.fused else None,
+            )
+        except Exception:
+            if initial:
+                raise
+            # keep (or rebuild) the previous layout and say so
+            print(f"[rlweave] plan switch to {flow.label()} failed; staying on {old_flow.label()}")
+            self.env, self.rollout = None, None
+            self.groups = [g for g in self.groups if g is self.actor]
+            self.flow = None
+            self._apply_flow(old_flow, initial=True)
+            self._load_rollout_weights()
+            raise
+        self.env, self.rollout, self.flow = new_env, new_rollout, flow
+        self.groups = [self.actor, new_env, new_rollout]
+        peers = [(new_rollout.peer(e % flow.num_rollout, new_env.hosts[e]),) for e in range(flow.num_env)]
+        self.env.call_each("configure_rollout", peers).wait()
+        self.env.run("configure", micro_batches=flow.micro_batches)
+        if not initial:
+            self._load_rollout_weights()
+        print(f"[rlweave] flow plan: {flow.label()}")
+
+    def _load_rollout_weights(self) -> None:
+        packet = getattr(self, "_last_packet", None)
+        if packet is not None:
+            self.rollout.run("load_weights", packet)
 
     def _sync_weights(self) -> float:
         t0 = time.perf_counter()
@@ -167,6 +249,39 @@ class OnPolicyRunner:
             raise RuntimeError(f"weight sync v{packet.version}: rollout checksums {checksums} != actor {packet.checksum}")
         self._last_packet = packet
         return time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ scaling
+    def scale_env(self, num_workers: int) -> None:
+        """Adds or removes env workers at an iteration boundary (by API; the planner changes the
+        layout through plans). Each worker keeps its env count, so the batch grows or shrinks;
+        workers that stay keep their episodes, and every trajectory of the last iteration was
+        already delivered, so no sample is lost or counted twice."""
+        n_act = self.actor.world_size
+        if num_workers < 1 or num_workers % n_act:
+            raise ValueError(f"env.num_workers: {num_workers} must be a positive multiple of the {n_act} actor rank(s)")
+        slots = [Slot(n, i) for n in range(self.cluster.num_nodes) for i in range(self.cluster.slots_on(n))]
+        old = list(self.flow.env_slots)
+        env_slots = tuple(old[:num_workers] + [slots[r % len(slots)] for r in range(len(old), num_workers)])
+        per_worker = self.total_envs // self.flow.num_env
+        if per_worker % self.flow.micro_batches:
+            raise ValueError("rollout.micro_batches must divide the envs per worker")
+        fused = self.flow.fused
+        self.rollout.detach()
+        self.env.resize(GroupPlacement("env", list(env_slots)))
+        self.total_envs = per_worker * num_workers
+        rollout_slots = env_slots if fused else self.flow.rollout_slots
+        self.flow = FlowPlan(env_slots, rollout_slots, self.flow.micro_batches)
+        self.rollout = WorkerGroup(
+            RolloutWorker, self.flow.placements()["rollout"], self.cluster,
+            args=(self.pkw, self.obs_space, self.act_space, self.cfg.env.chunk, self.cfg.seed),
+            colocate_with=self.env if fused else None,
+        )
+        self.groups = [self.actor, self.env, self.rollout]
+        peers = [(self.rollout.peer(e % self.flow.num_rollout, self.env.hosts[e]),) for e in range(num_workers)]
+        self.env.call_each("configure_rollout", peers).wait()
+        self.env.run("configure", micro_batches=self.flow.micro_batches, num_actor_workers=n_act)
+        self._load_rollout_weights()
+        print(f"[rlweave] env workers scaled to {num_workers}: {self.flow.label()}")
 
     # ------------------------------------------------------------------ checkpoints
     def _save(self) -> None:
@@ -182,6 +297,8 @@ class OnPolicyRunner:
                 "numpy": np.random.get_state(),
                 "python": random.getstate(),
                 "torch": torch.get_rng_state(),
+                "flow": self.flow.as_dict(),
+                "planner": self.planner.state_dict() if self.planner else None,
             },
         }
         save_checkpoint(self.run_dir, self.iteration, parts, keep=self.cfg.train.keep_checkpoints)
@@ -191,10 +308,19 @@ class OnPolicyRunner:
         if path is None:
             raise FileNotFoundError(f"no checkpoint under {self.run_dir / 'checkpoints'} to resume from")
         state = load_checkpoint(path)
+        r = state["runner"]
+        saved = r.get("flow")
+        if saved is not None:
+            flow = FlowPlan(
+                tuple(_parse_slot(x) for x in saved["env"]), tuple(_parse_slot(x) for x in saved["rollout"]), saved["micro_batches"]
+            )
+            if flow != self.flow:
+                self._apply_flow(flow)
+        if self.planner and r.get("planner"):
+            self.planner.load_state_dict(r["planner"])
         self.actor.run("load_state_dict", state["actor"])
         self.env.call_each("load_state_dict", [(s,) for s in state["envs"]]).wait()
         self.rollout.call_each("load_state_dict", [(s,) for s in state["rollouts"]]).wait()
-        r = state["runner"]
         self.iteration, self.version, self.env_steps = r["iteration"], r["version"], r["env_steps"]
         self.wall_offset = r["wall_time"]
         np.random.set_state(r["numpy"])
@@ -228,6 +354,7 @@ class OnPolicyRunner:
             try:
                 while self.iteration < self.iterations and self.env_steps < cfg.train.total_env_steps:
                     last = self._iteration(metrics, trace, progress)
+                    self._replan(last)
             finally:
                 progress.close()
                 metrics.close()
@@ -238,17 +365,60 @@ class OnPolicyRunner:
             self.shutdown()
         return last
 
+    def _replan(self, record: dict) -> None:
+        """``placement.mode=auto``: feed the planner, then switch plans at this iteration boundary
+        (profiling plans first, then the predicted fastest; again when prediction and measurement
+        drift apart)."""
+        if self.planner is None:
+            return
+        pl = self.planner
+        pl.observe(Measurement(
+            self.flow, collect=record["time/collect"], env_compute=record["time/env"], infer_compute=record["time/rollout_per_env_worker"],
+            steps=self.cfg.train.rollout_steps, train=record["time/actor"], sync=record["time/weight_sync"],
+            other=max(0.0, record["time/iteration"] - record["time/collect"] - record["time/actor"] - record["time/weight_sync"]),
+        ))
+        profiles = pl.profile_plans()
+        seen = {m.plan for m in pl.history}
+        todo = [p for p in profiles if p not in seen]
+        if todo:
+            nxt, reason = todo[0], "profiling"
+        else:
+            best = pl.best()
+            drift = self.prediction is not None and pl.drifted(self.prediction.iteration, record["time/iteration"])
+            if self.prediction is None or drift or best.plan != self.flow and self.prediction.plan != best.plan:
+                nxt, reason = best.plan, "drift" if drift else "fastest predicted"
+                self.prediction = best
+                self.plan_log.append({
+                    "iteration": self.iteration, "reason": reason, "chosen": best.as_dict(),
+                    "ranked": [p.as_dict() for p in pl.rank()[:8]],
+                })
+                print(f"[rlweave] planner: {reason}: {best.plan.label()} predicted {best.iteration:.3f} s/iteration")
+            else:
+                return
+        if nxt != self.flow:
+            try:
+                self._apply_flow(nxt)
+            except Exception as e:  # noqa: BLE001 - the run continues on its previous plan
+                print(f"[rlweave] planner: could not switch to {nxt.label()} ({e}); staying on {self.flow.label()}")
+
     def _iteration(self, metrics: MetricsWriter, trace: Trace, progress: Progress) -> dict:
         cfg = self.cfg
+        record_events = self.iteration < cfg.run.trace_iterations
+        self.env.run("configure", record_events=record_events)
+        self.rollout.run("configure", record_events)
         t0 = time.perf_counter()
         if self.spec.episodic_groups:
             h_env = self.env.call("collect_episodes", cfg.train.rollout_steps, self.version, cfg.algorithm.group_size)
         else:
             h_env = self.env.call("collect", cfg.train.rollout_steps, self.version)
-        h_roll = self.rollout.call("serve", self.version)
-        h_act = self.actor.call("train", self.version, self.env_steps / cfg.train.total_env_steps)
-        env_out, _, act_out = wait_all([h_env, h_roll, h_act])
+        n_act = self.actor.world_size
+        per_rank = [sum(1 for e in range(self.env.world_size) if e % n_act == r) for r in range(n_act)]
+        h_act = self.actor.call_each("train", [(self.version, self.env_steps / cfg.train.total_env_steps, per_rank[r]) for r in range(n_act)])
+        env_out, act_out = wait_all([h_env, h_act])
         t1 = time.perf_counter()
+        roll_out = self.rollout.run("stats")
+        if self.actor_shares_rollout_slots():
+            self.rollout.run("offload")  # the trainer's turn on the device; weights come back at sync
         self.version += 1
         t_sync = self._sync_weights()
         self.iteration += 1
@@ -269,16 +439,44 @@ class OnPolicyRunner:
         for k in act_out[0]:
             if k.startswith("train/"):
                 record[k] = float(np.mean([a[k] for a in act_out]))
+        received = [x for a in act_out for x in a["received"]]
+        record["samples/produced"] = steps
+        record["samples/trained"] = sum(x[2] for x in received)
+        record["samples/trajectories"] = len(received)
+        if len({x[0] for x in received}) != len(received) or any(x[1] != self.version - 1 for x in received):
+            raise RuntimeError(f"iteration {self.iteration}: trajectories duplicated or off-policy: {received}")
+        record["time/collect"] = h_env.duration
         record["time/env"] = max(o["time_env"] for o in env_out)
         record["time/env_wait_action"] = max(o["time_wait_action"] for o in env_out)
-        record["time/rollout"] = h_roll.duration
+        record["time/rollout"] = max(o["compute_s"] for o in roll_out)
+        record["time/rollout_per_env_worker"] = max(o["time_infer"] for o in env_out)
+        record["time/trajectory_put"] = max(o["time_put"] for o in env_out)
         record["time/actor"] = max(a["time/actor_train"] for a in act_out)
+        record["time/actor_wait"] = min(a["time/actor_wait"] for a in act_out)
         record["time/weight_sync"] = t_sync
         record["time/iteration"] = t_iter
         record["perf/env_steps_per_s"] = steps / t_iter
-        for name, h in (("env", h_env), ("rollout", h_roll)):
-            for rank, d in zip(h.ranks, h.durations):
-                trace.span(f"{name}[{rank}]", h.method, t0, d)
+        record["perf/collect_steps_per_s"] = steps / max(1e-9, h_env.duration)
+        record["mem/env_peak_rss_mb"] = max(o["peak_rss_mb"] for o in env_out)
+        record["mem/rollout_peak_rss_mb"] = max(o["peak_rss_mb"] for o in roll_out)
+        record["mem/actor_peak_rss_mb"] = max(a["peak_rss_mb"] for a in act_out)
+        for key in ("device/allocated_mb", "device/peak_mb"):
+            if key in act_out[0]:
+                record[f"mem/actor_{key.split('/')[1]}"] = max(a[key] for a in act_out)
+        record["plan/env_workers"] = self.flow.num_env
+        record["plan/rollout_workers"] = self.flow.num_rollout
+        record["plan/micro_batches"] = self.flow.micro_batches
+        record["plan/fused"] = int(self.flow.fused)
+        if self.prediction is not None and self.prediction.plan == self.flow:
+            record["plan/predicted_iteration"] = self.prediction.iteration
+            record["plan/error"] = abs(self.prediction.iteration - t_iter) / t_iter
+        for rank, (o, d) in enumerate(zip(env_out, h_env.durations)):
+            trace.span(f"env[{rank}]", h_env.method, t0, d, {"plan": self.flow.label()})
+            for name, start, dur in o["events"] or []:
+                trace.span(f"env[{rank}]", name, start, dur)
+        for rank, o in enumerate(roll_out):
+            for name, start, dur in o["events"] or []:
+                trace.span(f"rollout[{rank}]", name, start, dur)
         for rank, a in enumerate(act_out):
             trace.span(f"actor[{rank}]", "train", t1 - a["time/actor_train"], a["time/actor_train"])
         trace.span("driver", "weight_sync", t1, t_sync)
@@ -297,6 +495,9 @@ class OnPolicyRunner:
             self._save()
         return record
 
+    def actor_shares_rollout_slots(self) -> bool:
+        return bool(set(self.actor.placement.slots) & set(self.flow.rollout_slots))
+
     def evaluate(self) -> dict:
         unpack_into(self.eval_policy, resolve_buckets(self._last_packet.buckets))
         env_cfg = OmegaConf.to_container(self.cfg.env)
@@ -304,14 +505,21 @@ class OnPolicyRunner:
 
     def _write_config(self) -> None:
         cfg = OmegaConf.to_container(self.cfg)
-        cfg["placement"]["derived"] = self.plan.as_dict()
+        cfg["placement"]["derived"] = {**self.plan.as_dict(), "flow": self.flow.as_dict()}
         path = self.run_dir / "config.yaml"
         tmp = path.with_suffix(".yaml.tmp")
         tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)), encoding="utf-8")
         tmp.replace(path)
 
     def shutdown(self) -> None:
+        if self.plan_log:
+            path = self.run_dir / "plans.json"
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(self.plan_log, indent=1), encoding="utf-8")
+            tmp.replace(path)
         for g in reversed(self.groups):
+            if not g.owns_hosts:
+                continue
             g.shutdown()
         self.groups = []
         for ch in self.channels:
@@ -322,3 +530,17 @@ class OnPolicyRunner:
         self.channels = []
         if self.cluster is not None:
             self.cluster.shutdown()
+
+
+def _physical_cores(cluster: Cluster) -> int:
+    """Cores the slots really share: the CPU slots, capped by the cores of this machine when Ray is
+    embedded (a user may declare more logical CPUs than there are cores)."""
+    cores = sum(n.num_cpus for n in cluster.nodes) or 1
+    if cluster.started_here or cluster.local:
+        cores = min(cores, os.cpu_count() or cores)
+    return int(cores)
+
+
+def _parse_slot(text: str) -> Slot:
+    node, index = text.removeprefix("node").split(":")
+    return Slot(int(node), int(index))

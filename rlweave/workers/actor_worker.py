@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from rlweave.algorithms import get_algorithm, gae, group_normalized_advantages, normalize, ppo_loss, total_loss
 from rlweave.cluster import Worker
 from rlweave.models import build_policy
+from rlweave.utils.memory import device_memory_mb, peak_rss_mb
 from rlweave.workers.channels import ChannelSpec
 from rlweave.workers.weights import WeightPacket, pack_state, share_packet
 
@@ -61,20 +62,25 @@ class ActorWorker(Worker):
         random.seed(seed * 31 + self.rank)
 
     # ------------------------------------------------------------------ training
-    def train(self, version: int, progress: float = 0.0) -> dict:
+    def train(self, version: int, progress: float = 0.0, num_trajectories: int | None = None) -> dict:
         """One iteration of updates on this rank's trajectories. ``progress`` is the fraction of the
-        run's env-step budget already spent (drives learning-rate and clip annealing)."""
+        run's env-step budget already spent (drives learning-rate and clip annealing);
+        ``num_trajectories``: how many env workers send to this rank this iteration (it changes when
+        the env group is scaled; default: the count given at start)."""
         if version != self.version:
             raise RuntimeError(f"actor holds policy version {self.version}, asked to train version {version}")
         t0 = time.perf_counter()
-        envelopes = self.traj_ch.get_batch_envelopes(float(self.trajectories_per_rank), key=self.rank)
+        expected = self.trajectories_per_rank if num_trajectories is None else num_trajectories
+        envelopes = self.traj_ch.get_batch_envelopes(float(expected), key=self.rank)
         stale = [e.version for e in envelopes if e.version != self.version]
         if stale:
             raise RuntimeError(
                 f"on-policy check failed: trajectories of policy version(s) {sorted(set(stale))} reached "
                 f"the actor at version {self.version}"
             )
-        trajs = [e.item for e in envelopes]
+        # env-rank order, whatever order they arrived in: the update is then reproducible
+        trajs = sorted((e.item for e in envelopes), key=lambda t: int(t["env_rank"][0]))
+        received = [(int(t["env_rank"][0]), int(t["policy_version"][0]), int(t["env_steps"][0])) for t in trajs]
         t1 = time.perf_counter()
         batch, info = self._prepare(trajs)
         metrics = self._update(batch, progress)
@@ -87,6 +93,9 @@ class ActorWorker(Worker):
         metrics.update(info)
         metrics["time/actor_wait"] = t1 - t0
         metrics["time/actor_train"] = time.perf_counter() - t1
+        metrics["received"] = received
+        metrics["peak_rss_mb"] = peak_rss_mb()
+        metrics.update({f"device/{k}": v for k, v in device_memory_mb(self.device).items()})
         return metrics
 
     def _obs(self, x: np.ndarray) -> torch.Tensor:

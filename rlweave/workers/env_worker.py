@@ -1,5 +1,6 @@
-"""Env worker: steps a batch of environments, asks its rollout worker for actions over channels,
-and hands finished trajectories to the actor over the trajectory channel."""
+"""Env worker: steps a batch of environments, asks its rollout worker for actions (request/reply,
+through a :class:`~rlweave.cluster.Peer`), and hands finished trajectories to the actor over the
+trajectory channel."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import time
 
 import numpy as np
 
-from rlweave.cluster import Worker
+from rlweave.cluster import Peer, Worker
+from rlweave.utils.memory import peak_rss_mb
 from rlweave.envs import VectorEnv
 from rlweave.workers.channels import ChannelSpec
 
@@ -18,10 +20,8 @@ class EnvWorker(Worker):
         env_cfg: dict,
         seed: int,
         gamma: float,
-        obs_channel: ChannelSpec,
-        action_channel: ChannelSpec,
+        rollout: Peer,
         trajectory_channel: ChannelSpec,
-        num_rollout_workers: int,
         num_actor_workers: int,
     ):
         self.cfg = env_cfg
@@ -39,11 +39,13 @@ class EnvWorker(Worker):
             on_nonfinite=env_cfg.get("on_nonfinite", "error"),
             kwargs=env_cfg.get("kwargs"),
         )
-        self.rollout_rank = self.rank % num_rollout_workers
+        self.rollout = rollout
         self.actor_rank = self.rank % num_actor_workers
-        self.obs_ch = obs_channel.open()
-        self.act_ch = action_channel.open()
+        self.seed = seed
+        self.decisions = 0  # policy decisions taken so far: with the seed, fixes the sampling noise
         self.traj_ch = trajectory_channel.open()
+        self.micro_batches = 1
+        self.record_events = False
 
     # -- the two ways of collecting ------------------------------------------------------------
     def collect(self, num_steps: int, version: int) -> dict:
@@ -61,13 +63,19 @@ class EnvWorker(Worker):
         return self._run(max_steps, version, episodic=group_id)
 
     def _run(self, num_steps: int, version: int, episodic: np.ndarray | None) -> dict:
+        """The decision loop. The envs are split into ``self.micro_batches`` contiguous slices that
+        take turns: while the rollout worker computes actions for one slice, this worker steps
+        another (with k = 1 the two strictly alternate). Replies to one env worker come back in
+        the order its requests went out (one FIFO key per env worker), so slice j's reply is the
+        next one after slice j-1's."""
         env, n = self.env, self.env.num_envs
+        k = self.micro_batches
+        slices = [slice(j * n // k, (j + 1) * n // k) for j in range(k)]
         obs = env.obs
-        space = env.single_action_space
         t_env = t_wait = 0.0
         start_steps, start_dropped = env.steps, env.dropped_episodes
         buf: dict[str, np.ndarray] = {
-            "obs": np.empty((num_steps, *obs.shape), dtype=obs.dtype),
+            "obs": np.zeros((num_steps, *obs.shape), dtype=obs.dtype),  # rows after an episodic slice ends stay 0
             "rewards": np.zeros((num_steps, n), dtype=np.float32),
             "terminated": np.zeros((num_steps, n), dtype=bool),
             "truncated": np.zeros((num_steps, n), dtype=bool),
@@ -77,37 +85,56 @@ class EnvWorker(Worker):
         episode_return = np.zeros(n, dtype=np.float64)
         boot_idx: list[tuple[int, int]] = []
         boot_obs: list[np.ndarray] = []
-        steps = 0
+        t_infer = 0.0
+        events: list[tuple[str, float, float]] | None = [] if self.record_events else None
+        live = [True] * k  # slice still has steps to take (episodic: some env still active)
+        last_t = [-1] * k
+        pending = [None] * k
+        for j, sl in enumerate(slices):
+            buf["obs"][0, sl] = obs[sl]
+            pending[j] = self._request(obs[sl], sl, version, 0)
         for t in range(num_steps):
-            buf["obs"][t] = obs
-            w0 = time.perf_counter()
-            self.obs_ch.put({"env_rank": self.rank, "obs": obs}, key=self.rollout_rank, version=version)
-            reply = self.act_ch.get(key=self.rank)
-            w1 = time.perf_counter()
-            if t == 0:
-                for k in ("action", "log_prob", "value"):
-                    buf[k] = np.zeros((num_steps, *reply[k].shape), dtype=reply[k].dtype)
-            for k in ("action", "log_prob", "value"):
-                buf[k][t] = reply[k]
-            res = env.step(reply["action"], auto_reset=episodic is None, active=active if episodic is not None else None)
-            t_env += time.perf_counter() - w1
-            t_wait += w1 - w0
-            buf["rewards"][t] = res.reward
-            buf["terminated"][t] = res.terminated
-            buf["truncated"][t] = res.truncated
-            for i, o in res.final_obs.items():
-                boot_idx.append((t, i))
-                boot_obs.append(o)
-            mask[t] = active
-            steps = t + 1
-            if episodic is not None:
-                episode_return += np.where(active, res.reward, 0.0)
-                active &= ~(res.terminated | res.truncated)
-                if not active.any():
-                    break
-            obs = res.obs
-        self.obs_ch.put({"env_rank": self.rank, "stop": True}, key=self.rollout_rank, version=version)
-        traj = {k: v[:steps] for k, v in buf.items()}
+            for j, sl in enumerate(slices):
+                if not live[j]:
+                    continue
+                w0 = time.perf_counter()
+                reply, _ = self.rollout.result(pending[j])
+                w1 = time.perf_counter()
+                t_infer += reply["compute_s"]
+                if "action" not in buf:
+                    for key in ("action", "log_prob", "value"):
+                        buf[key] = np.zeros((num_steps, n, *reply[key].shape[1:]), dtype=reply[key].dtype)
+                for key in ("action", "log_prob", "value"):
+                    buf[key][t, sl] = reply[key]
+                act = active[sl] if episodic is not None else None
+                res = env.step(reply["action"], auto_reset=episodic is None, active=act, envs=sl)
+                buf["rewards"][t, sl] = res.reward
+                buf["terminated"][t, sl] = res.terminated
+                buf["truncated"][t, sl] = res.truncated
+                for i, o in res.final_obs.items():
+                    boot_idx.append((t, sl.start + i))
+                    boot_obs.append(o)
+                mask[t, sl] = active[sl]
+                last_t[j] = t
+                if episodic is not None:
+                    episode_return[sl] += np.where(active[sl], res.reward, 0.0)
+                    active[sl] &= ~(res.terminated | res.truncated)
+                    live[j] = bool(active[sl].any())
+                w2 = time.perf_counter()
+                if t + 1 < num_steps and live[j]:
+                    buf["obs"][t + 1, sl] = res.obs
+                    pending[j] = self._request(res.obs, sl, version, t + 1)
+                w3 = time.perf_counter()
+                t_wait += (w1 - w0) + (w3 - w2)  # waiting for the reply, sending the next request
+                t_env += w2 - w1
+                if events is not None:
+                    events += [("wait", w0, w1 - w0), (f"step mb{j}", w1, w2 - w1), ("request", w2, w3 - w2)]
+            if not any(live):
+                break
+        obs = env.obs
+        steps = max(last_t) + 1
+        self.decisions += num_steps
+        traj = {k_: v[:steps] for k_, v in buf.items()}
         traj["last_obs"] = obs
         traj["boot_idx"] = np.asarray(boot_idx, dtype=np.int64).reshape(-1, 2)
         traj["boot_obs"] = np.asarray(boot_obs, dtype=obs.dtype).reshape(-1, *obs.shape[1:])
@@ -116,23 +143,69 @@ class EnvWorker(Worker):
             traj["episode_return"] = episode_return.astype(np.float32)
             traj["group_id"] = episodic.astype(np.int64)
         traj["policy_version"] = np.full(1, version, dtype=np.int64)
+        traj["env_rank"] = np.full(1, self.rank, dtype=np.int64)
+        traj["env_steps"] = np.full(1, env.steps - start_steps, dtype=np.int64)
+        t_put = time.perf_counter()
         self.traj_ch.put(traj, key=self.actor_rank, version=version, weight=1.0)
+        t_put = time.perf_counter() - t_put
         stats = env.episode_stats()
         return {
+            "env_rank": self.rank,
             "env_steps": env.steps - start_steps,
-            "decisions": steps * n,
+            "decisions": int(mask[:steps].sum()) if episodic is not None else steps * n,
             "episodes": stats,
             "dropped_episodes": env.dropped_episodes - start_dropped,
             "time_env": t_env,
             "time_wait_action": t_wait,
+            "time_infer": t_infer,
+            "time_put": t_put,
+            "rollout_rank": self.rollout.rank,
+            "micro_batches": k,
+            "peak_rss_mb": peak_rss_mb(),
+            "events": events,
         }
+
+    def _request(self, obs: np.ndarray, envs: slice, version: int, t: int):
+        """Asks the rollout worker for the actions of envs ``envs`` at decision ``t``. The sampling
+        noise is seeded by (seed, env rank, decision), so the actions do not depend on the
+        micro-batch split or on which rollout replica answers."""
+        noise_seed = int(np.random.SeedSequence([self.seed, self.rank, self.decisions + t]).generate_state(1)[0])
+        rows = (envs.start, envs.stop, self.env.num_envs)
+        return self.rollout.submit("infer", np.ascontiguousarray(obs), version, noise_seed, rows)
+
+    def configure_rollout(self, rollout: Peer) -> None:
+        """The rollout worker this env worker asks for actions (set after a plan switch)."""
+        self.rollout = rollout
+
+    def configure(
+        self,
+        micro_batches: int | None = None,
+        record_events: bool | None = None,
+        rollout: Peer | None = None,
+        num_actor_workers: int | None = None,
+    ) -> None:
+        """Changes how this worker runs, between iterations (a plan switch): the pipeline depth,
+        event recording, and the rollout worker and actor rank it talks to."""
+        if micro_batches is not None:
+            if micro_batches < 1 or self.env.num_envs % micro_batches:
+                raise ValueError(
+                    f"rollout.micro_batches: {micro_batches} must be >= 1 and divide env.num_envs ({self.env.num_envs})"
+                )
+            self.micro_batches = micro_batches
+        if record_events is not None:
+            self.record_events = record_events
+        if rollout is not None:
+            self.rollout = rollout
+        if num_actor_workers is not None:
+            self.actor_rank = self.rank % num_actor_workers
 
     # -- evaluation ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return self.env.state_dict()
+        return {**self.env.state_dict(), "decisions": self.decisions}
 
     def load_state_dict(self, state: dict) -> None:
         self.env.load_state_dict(state)
+        self.decisions = state.get("decisions", 0)
 
     def spaces(self):
         return self.env.single_observation_space, self.env.single_action_space

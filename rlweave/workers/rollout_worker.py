@@ -1,15 +1,18 @@
-"""Rollout worker: holds a replica of the policy and answers env workers' observation requests
-with actions, log-probs and values. Weights arrive from the actor as versioned, checksummed
+"""Rollout worker: holds a replica of the policy and answers env workers' requests (observations
+of a micro-batch) with actions, log-probs and values. Weights arrive from the actor as versioned, checksummed
 packets."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import numpy as np
 import torch
 
 from rlweave.cluster import Worker
 from rlweave.models import build_policy, flat_params_checksum
-from rlweave.workers.channels import ChannelSpec
+from rlweave.utils.memory import device_memory_mb, peak_rss_mb
 from rlweave.workers.weights import WeightPacket, resolve_buckets, unpack_into
 
 
@@ -21,44 +24,77 @@ class RolloutWorker(Worker):
         action_space,
         chunk: int,
         seed: int,
-        obs_channel: ChannelSpec,
-        action_channel: ChannelSpec,
-        env_workers_served: int,
     ):
         self.policy = build_policy(observation_space=observation_space, action_space=action_space, chunk=chunk, **policy_cfg)
         self.policy.eval()
         self.version = 0
         self.generator_seed = seed * 7919 + self.rank
         torch.manual_seed(self.generator_seed)
-        self.obs_ch = obs_channel.open()
-        self.act_ch = action_channel.open()
-        self.env_workers_served = env_workers_served
+        self.requests = self.rows = 0
+        self.compute_s = 0.0
+        self._lock = threading.Lock()
+        self.record_events = False
+        self.events: list[tuple[str, float, float]] = []
+        self.offloaded = False
+        self.shapes = {name: p.shape for name, p in self.policy.named_parameters()}
         self.float_obs = not (hasattr(observation_space, "dtype") and observation_space.dtype == np.uint8)
 
-    def serve(self, version: int) -> dict:
-        """Answers requests until every env worker it serves has said it is done."""
+    def infer(self, obs: np.ndarray, version: int, noise_seed: int, rows: tuple[int, int, int]) -> dict:
+        """Actions, log-probs and values for one request. ``rows = (lo, hi, n)``: the request holds
+        rows lo..hi of its env worker's n envs, and uses those rows of the noise drawn for all n
+        from ``noise_seed`` (so a micro-batch gets exactly the actions the whole batch would)."""
         if version != self.version:
-            raise RuntimeError(f"rollout has policy version {self.version}, asked to serve version {version}")
-        stops = requests = 0
-        with torch.inference_mode():
-            while stops < self.env_workers_served:
-                msg = self.obs_ch.get(key=self.rank)
-                if msg.get("stop"):
-                    stops += 1
-                    continue
-                obs = torch.from_numpy(np.asarray(msg["obs"]))
-                if self.float_obs:
-                    obs = obs.float()
-                action, log_prob, value = self.policy.act(obs)
-                self.act_ch.put(
-                    {"action": action.numpy(), "log_prob": log_prob.numpy(), "value": value.numpy()},
-                    key=msg["env_rank"],
-                    version=self.version,
-                )
-                requests += 1
-        return {"requests": requests}
+            raise RuntimeError(
+                f"on-policy check failed: rollout holds policy version {self.version}, asked for version {version}"
+            )
+        with self._lock:  # one request at a time: concurrent forwards would only share the slot
+            t0 = time.perf_counter()
+            if self.offloaded:
+                raise RuntimeError("rollout replica is offloaded: load weights before asking for actions")
+            lo, hi, n = rows
+            noise = self.policy.sample_noise(n, torch.Generator().manual_seed(noise_seed))[lo:hi]
+            x = torch.from_numpy(np.array(obs))  # a writable copy (Ray hands read-only arrays)
+            if self.float_obs:
+                x = x.float()
+            with torch.inference_mode():
+                action, log_prob, value = self.policy.act(x, noise=noise)
+            self.requests += 1
+            self.rows += hi - lo
+            spent = time.perf_counter() - t0
+            self.compute_s += spent
+            if self.record_events:
+                self.events.append((f"infer {hi - lo} rows", t0, spent))
+        return {"action": action.numpy(), "log_prob": log_prob.numpy(), "value": value.numpy(), "compute_s": spent}
+
+    def stats(self) -> dict:
+        """Requests and rows answered since the last call, recorded events, peak memory."""
+        out = {"requests": self.requests, "rows": self.rows, "compute_s": self.compute_s, "peak_rss_mb": peak_rss_mb(), "events": self.events}
+        out.update({f"device/{k}": v for k, v in device_memory_mb(self.device).items()})
+        self.requests = self.rows = 0
+        self.compute_s = 0.0
+        self.events = []
+        return out
+
+    def configure(self, record_events: bool) -> None:
+        self.record_events = record_events
+
+    def offload(self) -> dict:
+        """Releases the replica's weights while the device is another group's turn (the trainer's,
+        when they share slots). The next ``load_weights`` brings them back: weights are re-sent
+        every iteration anyway, so nothing is copied back. Returns device memory before/after."""
+        before = device_memory_mb(self.device)
+        for p in self.policy.parameters():
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.offloaded = True
+        return {"before": before, "after": device_memory_mb(self.device)}
 
     def load_weights(self, packet: WeightPacket) -> str:
+        if self.offloaded:
+            for name, p in self.policy.named_parameters():
+                p.data = torch.empty(self.shapes[name], dtype=p.dtype, device=p.device)
+            self.offloaded = False
         unpack_into(self.policy, resolve_buckets(packet.buckets))
         got = flat_params_checksum(self.policy)
         if got != packet.checksum:

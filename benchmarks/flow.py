@@ -1,0 +1,185 @@
+"""Execution plans of one workflow, measured in one run: collocated, disaggregated, hybrid, auto.
+
+The workflow is PPO on a MuJoCo task (HalfCheetah-v5 by default) with many envs per env worker and
+a policy big enough that inference costs about as much as env stepping (an MLP of 3 x 1024 by
+default: a stand-in for the larger policies -- VLAs -- that make embodied RL inference-bound), so
+the order in which the two stages run matters. Every plan runs the same logical workflow (same
+envs, rollout length, policy, seed); only the physical layout changes:
+
+  collocated     env and rollout fused in one process on slot 0, one micro-batch (the sequential
+                 baseline: the two stages take turns on the slot)
+  disaggregated  env on slot 0, rollout on slot 1, k micro-batches streaming between them
+  hybrid         env on slots 0 and 1 (two workers), rollout on slot 1 (shared with an env worker)
+  auto           placement.mode=auto: the planner profiles, predicts every candidate, switches
+
+The actor (trainer) sits on slot 0 in every plan; on-policy PPO trains between collections, so it
+never overlaps the stream. Headline figures are *collection* env-steps/s (the stream the plans
+change), median over the measured iterations; full-iteration figures are printed beside them.
+The bound is computed from the stage times measured in the collocated run (where nothing else
+runs beside either stage): bound = 1 / max(env, inference) per decision, sequential = 1 / sum.
+
+    rlweave bench flow [--json FILE] [--iterations N] [--envs N] [--hidden 1024,1024,1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _overrides(args, run_dir: str, extra: list[str]) -> list[str]:
+    hidden = "[" + args.hidden + "]"
+    steps = args.envs * args.steps * args.iterations
+    return [
+        f"env.id={args.env_id}", "env.num_workers=1", f"env.num_envs={args.envs}", "rollout.num_workers=1",
+        f"policy.hidden={hidden}", "policy.activation=tanh", f"train.rollout_steps={args.steps}",
+        "algorithm.epochs=1", f"algorithm.minibatch_size={args.envs * args.steps}", f"train.total_env_steps={steps}",
+        "train.eval_every=0", "train.checkpoint_every=0", "run.progress=false", "run.tensorboard=false",
+        f"cluster.num_cpus={args.slots}", f"seed={args.seed}", f"run.dir={run_dir}", *extra,
+    ]
+
+
+PLANS = {
+    "collocated": ["placement.groups.env.slots=0", "placement.groups.rollout.slots=0", "placement.groups.actor.slots=0", "rollout.micro_batches=1"],
+    "disaggregated": ["placement.groups.env.slots=0", "placement.groups.rollout.slots=1", "placement.groups.actor.slots=0"],
+    "hybrid": ["placement.groups.env.slots=0-1", "placement.groups.rollout.slots=1", "placement.groups.actor.slots=0"],
+    "auto": ["placement.mode=auto"],
+}
+
+
+def run_plan(args, name: str, k: int | None) -> dict:
+    from rlweave.config import load_config
+    from rlweave.runners.onpolicy import OnPolicyRunner
+
+    extra = list(PLANS[name])
+    if k is not None:
+        extra.append(f"rollout.micro_batches={k}")
+    if name == "hybrid":  # two env workers hold the same envs between them
+        extra += ["env.num_workers=2", f"env.num_envs={args.envs // 2}"]
+    with tempfile.TemporaryDirectory(prefix=f"bench-flow-{name}-") as run_dir:
+        cfg = load_config("ppo-halfcheetah", _overrides(args, run_dir, extra))
+        t0 = time.perf_counter()
+        OnPolicyRunner(cfg, run_dir).run()
+        wall = time.perf_counter() - t0
+        records = [json.loads(x) for x in Path(run_dir, "metrics.jsonl").read_text().splitlines() if x.strip()]
+        plans = json.loads(Path(run_dir, "plans.json").read_text()) if Path(run_dir, "plans.json").exists() else []
+    if name == "auto":
+        last_switch = max((p["iteration"] for p in plans), default=0)
+        measured = [r for r in records if r["iteration"] > last_switch + 1]  # one settling iteration
+    else:
+        measured = records[1:]  # the first iteration warms up
+    if not measured:
+        raise RuntimeError(f"flow bench: plan {name} left no measured iterations; raise --iterations")
+    med = lambda key: statistics.median(r[key] for r in measured)  # noqa: E731
+    steps = measured[0]["samples/produced"]
+    out = {
+        "plan": name,
+        "micro_batches": measured[-1]["plan/micro_batches"],
+        "env_workers": measured[-1]["plan/env_workers"],
+        "rollout_workers": measured[-1]["plan/rollout_workers"],
+        "fused": bool(measured[-1]["plan/fused"]),
+        "collect_steps_per_s": steps / med("time/collect"),
+        "iteration_steps_per_s": steps / med("time/iteration"),
+        "time_collect_s": med("time/collect"),
+        "time_iteration_s": med("time/iteration"),
+        "time_env_s": med("time/env"),
+        "time_rollout_s": med("time/rollout"),
+        "time_actor_s": med("time/actor"),
+        "iterations_measured": len(measured),
+        "wall_s": wall,
+    }
+    errors = [r["plan/error"] for r in measured if "plan/error" in r]
+    if errors:
+        out["plan_error"] = statistics.median(errors)
+        out["predicted_iteration_s"] = measured[-1]["plan/predicted_iteration"]
+    if plans:
+        out["planner_choice"] = plans[-1]["chosen"]["plan"]
+        out["planner_ranking"] = plans[-1]["ranked"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="rlweave bench flow", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", metavar="FILE", help="write the headline figures as one JSON object")
+    ap.add_argument("--env-id", default="HalfCheetah-v5")
+    ap.add_argument("--envs", type=int, default=64, help="envs in the workflow (all env workers together)")
+    ap.add_argument("--hidden", default="1024,1024,1024", help="policy MLP widths")
+    ap.add_argument("--steps", type=int, default=32, help="decisions per env per iteration")
+    ap.add_argument("--iterations", type=int, default=8, help="iterations per fixed plan (auto runs twice as many)")
+    ap.add_argument("--depths", default="2,4", help="micro-batch counts tried for the pipelined fixed plans")
+    ap.add_argument("--slots", type=int, default=2, help="CPU slots of the embedded cluster")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    depths = [int(x) for x in args.depths.split(",")]
+
+    print("flow benchmark: one PPO workflow, four execution plans")
+    print(f"  {args.env_id}, {args.envs} envs, policy MLP [{args.hidden}], {args.steps} decisions/iteration, seed {args.seed}")
+    print(f"  python {sys.version.split()[0]}, cpus {os.cpu_count()}, slots {args.slots}")
+    results: list[dict] = []
+    t_start = time.perf_counter()
+
+    def run(name, k=None, iterations=None):
+        saved = args.iterations
+        if iterations:
+            args.iterations = iterations
+        try:
+            r = run_plan(args, name, k)
+        finally:
+            args.iterations = saved
+        results.append(r)
+        print(f"  {name:<13} k={r['micro_batches']} env[{r['env_workers']}] rollout[{r['rollout_workers']}]"
+              f"{' fused' if r['fused'] else ''}: collect {r['collect_steps_per_s']:8.0f} steps/s "
+              f"(env {r['time_env_s']:.3f} s, inference {r['time_rollout_s']:.3f} s, collect {r['time_collect_s']:.3f} s; "
+              f"iteration {r['iteration_steps_per_s']:6.0f} steps/s)")
+        return r
+
+    colloc = run("collocated")
+    pipelined = [run("disaggregated", k) for k in depths] + [run("hybrid", k) for k in depths if (args.envs // 2) % k == 0]
+    auto = run("auto", iterations=2 * args.iterations + 4)
+    elapsed = time.perf_counter() - t_start
+
+    per_decision_env = colloc["time_env_s"] / args.steps
+    per_decision_inf = colloc["time_rollout_s"] / args.steps
+    bound = args.envs / max(per_decision_env, per_decision_inf)
+    sequential = args.envs / (per_decision_env + per_decision_inf)
+    best_pipe = max(pipelined, key=lambda r: r["collect_steps_per_s"])
+    fixed = [colloc] + pipelined
+    best_fixed = max(fixed, key=lambda r: r["iteration_steps_per_s"])
+    out = {
+        "benchmark": "flow",
+        "baseline": "collocated-sequential (env and inference fused on one slot, one micro-batch)",
+        "settings": {k: getattr(args, k) for k in ("env_id", "envs", "hidden", "steps", "iterations", "slots", "seed")},
+        "stage_times_per_decision_s": {"env": per_decision_env, "inference": per_decision_inf},
+        "bound_steps_per_s": bound,
+        "sequential_steps_per_s": sequential,
+        "plans": results,
+        "best_pipelined": f"{best_pipe['plan']} k={best_pipe['micro_batches']}",
+        "bound_ratio": best_pipe["collect_steps_per_s"] / bound,
+        "pipelined_vs_collocated": best_pipe["collect_steps_per_s"] / colloc["collect_steps_per_s"],
+        "auto_vs_best": auto["iteration_steps_per_s"] / best_fixed["iteration_steps_per_s"],
+        "auto_collect_vs_best_pipelined": auto["collect_steps_per_s"] / best_pipe["collect_steps_per_s"],
+        "plan_error": auto.get("plan_error", float("nan")),
+        "elapsed_s": elapsed,
+    }
+    print()
+    print(f"stage times per decision (collocated run): env {per_decision_env * 1e3:.2f} ms, inference {per_decision_inf * 1e3:.2f} ms")
+    print(f"bound 1/max(stage): {bound:8.0f} steps/s    sequential 1/sum: {sequential:8.0f} steps/s")
+    print(f"best pipelined ({out['best_pipelined']}): {best_pipe['collect_steps_per_s']:.0f} steps/s = "
+          f"{out['bound_ratio']:.2f} x bound, {out['pipelined_vs_collocated']:.2f} x collocated-sequential")
+    print(f"auto ({auto.get('planner_choice', '?')}): {auto['iteration_steps_per_s']:.0f} iteration steps/s = "
+          f"{out['auto_vs_best']:.2f} x best fixed plan ({best_fixed['plan']} k={best_fixed['micro_batches']}); "
+          f"planner error {out['plan_error']:.1%}")
+    print(f"[{elapsed:.0f} s; rlweave bench flow]")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1), encoding="utf-8")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""The planner: fits per-stage costs from measured iterations, predicts every candidate plan's
+iteration time by simulation, picks the fastest, and says when measurements drift from the
+prediction.
+
+Profiling, in ``placement.mode=auto``: the run starts on the first of :meth:`Planner.profile_plans`
+(fused, one micro-batch: env and inference cost at the full batch), then runs the second (separate
+processes, two micro-batches: costs at half the rows, and the price of a cross-process request).
+From then on every iteration adds its measurements to the fit, so the costs keep up with the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlweave.flow.plan import FlowPlan, candidate_plans
+from rlweave.flow.simulate import StageCosts, simulate_collection
+from rlweave.cluster.placement import Slot
+
+
+@dataclass
+class Measurement:
+    """What one iteration under ``plan`` measured (seconds)."""
+
+    plan: FlowPlan
+    collect: float  # wall time of the collection (env + rollout stages)
+    env_compute: float  # per env worker: stepping envs (max over workers)
+    infer_compute: float  # per env worker: inference time its requests took in the rollout (max)
+    steps: int  # decisions per env worker
+    train: float = 0.0
+    sync: float = 0.0
+    other: float = 0.0  # iteration time not in collect/train/sync (driver, logging)
+
+
+@dataclass
+class Prediction:
+    plan: FlowPlan
+    collect: float
+    iteration: float
+
+    def as_dict(self) -> dict:
+        return {"plan": self.plan.label(), "collect_s": self.collect, "iteration_s": self.iteration}
+
+
+@dataclass
+class Planner:
+    slots: list[Slot]
+    total_envs: int
+    steps: int  # decisions per env per iteration
+    cores: int
+    max_micro_batches: int = 4
+    env_multiple: int = 1  # env worker counts must be multiples of this (the actor's rank count)
+    margin: float = 0.15
+    costs: StageCosts = field(default_factory=StageCosts)
+    train: float = 0.0
+    sync_per_rollout: float = 0.0
+    other: float = 0.0
+    history: list[Measurement] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.costs.cores = self.cores
+
+    # ---------------------------------------------------------------- profiling
+    def profile_plans(self) -> list[FlowPlan]:
+        """The plans the first iterations run to measure the costs: fused with k=1 on one slot, then
+        env and rollout on separate slots with k=2 (when there are two slots and the envs split)."""
+        e = self.env_multiple
+        env = tuple(self.slots[:e])
+        plans = [FlowPlan(env, env, 1)]
+        if len(self.slots) > e:
+            k = 2 if (self.total_envs // e) % 2 == 0 else 1
+            plans.append(FlowPlan(env, tuple(self.slots[e : e + 1]), k))
+        return plans
+
+    def observe(self, m: Measurement) -> None:
+        """Adds one iteration's measurements to the cost fit."""
+        self.history.append(m)
+        p = m.plan
+        rows = self.total_envs // p.num_env // p.micro_batches
+        per_call = m.steps * p.micro_batches
+        self.costs.env.add(rows, m.env_compute / per_call)
+        self.costs.infer.add(rows, m.infer_compute / per_call)
+        if p.num_env == 1 and p.micro_batches == 1:
+            # one worker, strictly alternating: what the stages' own work leaves is the request price
+            overhead = max(0.0, (m.collect - m.env_compute - m.infer_compute) / m.steps)
+            if p.fused:
+                self.costs.local_overhead = _blend(self.costs.local_overhead, overhead, len(self.history))
+            else:
+                self.costs.remote_overhead = _blend(self.costs.remote_overhead, overhead, len(self.history))
+        elif not p.fused:
+            self.costs.remote_overhead = _blend(self.costs.remote_overhead, self._calibrate_remote(m), len(self.history))
+        self.train = m.train if not self.train else 0.5 * (self.train + m.train)
+        self.sync_per_rollout = m.sync / p.num_rollout
+        self.other = m.other if not self.other else 0.5 * (self.other + m.other)
+
+    def _calibrate_remote(self, m: Measurement) -> float:
+        """The cross-process request price that makes the simulation reproduce ``m`` (bisection)."""
+        lo, hi = 0.0, max(1e-3, m.collect / m.steps)
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            self.costs.remote_overhead = mid
+            if simulate_collection(m.plan, self.costs, self.total_envs, m.steps) < m.collect:
+                lo = mid
+            else:
+                hi = mid
+        return 0.5 * (lo + hi)
+
+    @property
+    def ready(self) -> bool:
+        return self.costs.env.known and self.costs.infer.known
+
+    # ---------------------------------------------------------------- prediction
+    def predict(self, plan: FlowPlan) -> Prediction:
+        collect = simulate_collection(plan, self.costs, self.total_envs, self.steps)
+        iteration = collect + self.train + self.sync_per_rollout * plan.num_rollout + self.other
+        return Prediction(plan, collect, iteration)
+
+    def candidates(self) -> list[FlowPlan]:
+        plans = [p for p in candidate_plans(self.slots, self.total_envs, self.max_micro_batches) if p.num_env % self.env_multiple == 0]
+        if self.costs.remote_overhead is None:  # cross-process price unknown: only fused plans
+            plans = [p for p in plans if p.fused]
+        return plans
+
+    def rank(self) -> list[Prediction]:
+        """Every candidate's prediction, fastest first (ties: fewer processes, then fewer slices)."""
+        preds = [self.predict(p) for p in self.candidates()]
+        return sorted(preds, key=lambda x: (round(x.iteration, 4), x.plan.num_env + x.plan.num_rollout, x.plan.micro_batches))
+
+    def best(self) -> Prediction:
+        return self.rank()[0]
+
+    def drifted(self, predicted: float, measured: float) -> bool:
+        return abs(predicted - measured) > self.margin * measured
+
+    def state_dict(self) -> dict:
+        c = self.costs
+        return {
+            "env": c.env.samples, "infer": c.infer.samples, "remote_overhead": c.remote_overhead,
+            "local_overhead": c.local_overhead, "train": self.train, "sync_per_rollout": self.sync_per_rollout,
+            "other": self.other,
+        }
+
+    def load_state_dict(self, s: dict) -> None:
+        for rows, sec in s["env"]:
+            self.costs.env.add(rows, sec)
+        for rows, sec in s["infer"]:
+            self.costs.infer.add(rows, sec)
+        self.costs.remote_overhead, self.costs.local_overhead = s["remote_overhead"], s["local_overhead"]
+        self.train, self.sync_per_rollout, self.other = s["train"], s["sync_per_rollout"], s["other"]
+
+
+def _blend(old: float | None, new: float, n: int) -> float:
+    return new if old is None or n <= 1 else 0.5 * (old + new)
