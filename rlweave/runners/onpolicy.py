@@ -333,7 +333,9 @@ class OnPolicyRunner:
         return self.wall_offset + time.perf_counter() - self._t_start
 
     # ------------------------------------------------------------------ the loop
-    def run(self) -> dict:
+    def run(self, on_iteration=None) -> dict:
+        """Trains to the step budget. ``on_iteration(runner, record)`` runs at every iteration
+        boundary (after planning): the place to change the run by API, e.g. ``runner.scale_env(n)``."""
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._t_start = time.perf_counter()
@@ -355,6 +357,8 @@ class OnPolicyRunner:
                 while self.iteration < self.iterations and self.env_steps < cfg.train.total_env_steps:
                     last = self._iteration(metrics, trace, progress)
                     self._replan(last)
+                    if on_iteration is not None:
+                        on_iteration(self, last)
             finally:
                 progress.close()
                 metrics.close()
