@@ -1,4 +1,4 @@
-"""The ``rlweave`` command: train, resume, eval, plot, recipes, bench."""
+"""The ``rlweave`` command: train, resume, eval, plot, plan, recipes, bench."""
 
 from __future__ import annotations
 
@@ -132,6 +132,34 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    """Ranks the execution plans of a recipe by predicted iteration time, without training."""
+    from rlweave.cluster import Cluster, PlacementError
+    from rlweave.config import ConfigError, load_config
+    from rlweave.runners.onpolicy import offline_planner
+
+    try:
+        cfg = load_config(args.recipe, args.overrides)
+        cluster = Cluster.planned(cfg.cluster.num_cpus, cfg.cluster.num_gpus)
+        planner = offline_planner(cfg, cluster)
+    except (ConfigError, PlacementError, FileNotFoundError) as e:
+        return _fail(str(e))
+    c = planner.costs
+    print(f"[rlweave] {cluster.describe()}; {planner.total_envs} envs, {planner.steps} decisions per iteration")
+    print(f"measured: env step {c.env.fixed * 1e3:.2f} ms + {c.env.per_row * 1e3:.3f} ms/env; "
+          f"inference {c.infer.fixed * 1e3:.2f} ms + {c.infer.per_row * 1e3:.3f} ms/row; "
+          f"cross-process request {(c.remote_overhead or 0) * 1e3:.2f} ms")
+    print("(training and weight-sync time are measured in the run; they are the same for every plan here)")
+    ranked = planner.rank()
+    print(f"{'rank':>4}  {'predicted collect s':>19}  plan")
+    for i, p in enumerate(ranked[: args.top], 1):
+        print(f"{i:>4}  {p.collect:>19.3f}  {p.plan.label()}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"ranked": [p.as_dict() for p in ranked], "costs": {
+            "env": c.env.as_dict(), "infer": c.infer.as_dict(), "remote_overhead_s": c.remote_overhead}}, indent=1))
+    return 0
+
+
 def cmd_bench(args) -> int:
     root = Path(__file__).resolve().parent.parent / "benchmarks"
     path = root / f"{args.name.replace('-', '_')}.py"
@@ -171,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_plot)
     s = sub.add_parser("recipes", help="list packaged recipes")
     s.set_defaults(fn=cmd_recipes)
+    s = sub.add_parser("plan", help="rank execution plans of a recipe by predicted time (no training)")
+    s.add_argument("recipe")
+    s.add_argument("overrides", nargs="*")
+    s.add_argument("--top", type=int, default=20, help="how many plans to print")
+    s.add_argument("--json", metavar="FILE", help="also write the ranking as JSON")
+    s.set_defaults(fn=cmd_plan)
     s = sub.add_parser("bench", help="run a benchmark from benchmarks/: rlweave bench NAME [--json FILE]")
     s.add_argument("name")
     s.add_argument("--json", default=None)

@@ -194,3 +194,17 @@ def test_a_plan_that_cannot_run_leaves_the_previous_plan(ray_session, tmp_path):
     assert errors == ["plan hybrid        env[3]@0,1,0 rollout[1]@1 k=1: 4 envs do not split into 3 workers x 1 micro-batches"]
     assert [r["plan/env_workers"] for r in rows] == [1, 1, 1]
     assert all(r["samples/produced"] == r["samples/trained"] == 128 for r in rows)
+
+
+def test_plan_command_ranks_candidates_without_training(tmp_path, capsys):
+    from rlweave.cli import main
+
+    out_json = tmp_path / "plan.json"
+    rc = main(["plan", "ppo-cartpole", "env.num_envs=8", "cluster.num_cpus=2", "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "8 envs, 32 decisions per iteration" in out
+    ranked = json.loads(out_json.read_text())["ranked"]
+    assert len(ranked) == len(candidate_plans([S0, S1], 8))
+    assert [r["collect_s"] for r in ranked] == sorted(r["collect_s"] for r in ranked)
+    assert ranked[0]["plan"] in out

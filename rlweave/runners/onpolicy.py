@@ -34,6 +34,7 @@ from rlweave.cluster import Cluster, GroupPlacement, PlacementError, Slot, Worke
 from rlweave.config import ConfigError
 from rlweave.envs import space_info
 from rlweave.flow import FlowPlan, Measurement, Planner, Prediction, plan_from_groups
+from rlweave.flow.profile import measure_stage_costs
 from rlweave.models import build_policy
 from rlweave.runners.evaluate import evaluate_policy
 from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -105,6 +106,26 @@ def _policy_kwargs(cfg: DictConfig) -> dict:
     else:
         kwargs.update(log_std_init=p["log_std_init"])
     return kwargs
+
+
+def offline_planner(cfg: DictConfig, cluster: Cluster) -> Planner:
+    """A planner for ``cfg`` on ``cluster``'s slots with stage costs measured offline (no training):
+    what ``rlweave plan`` ranks."""
+    env_cfg = OmegaConf.to_container(cfg.env)
+    total = cfg.env.num_workers * cfg.env.num_envs
+    obs_space, act_space = check_compatible(cfg)
+    torch.manual_seed(cfg.seed)
+    policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk, **_policy_kwargs(cfg))
+    policy.eval()
+    planner = Planner(
+        slots=[Slot(n, i) for n in range(cluster.num_nodes) for i in range(cluster.slots_on(n))],
+        total_envs=total, steps=cfg.train.rollout_steps, cores=_physical_cores(cluster),
+        max_micro_batches=cfg.planner.max_micro_batches, env_multiple=cfg.actor.num_workers, margin=cfg.planner.margin,
+    )
+    measured = measure_stage_costs(env_cfg, policy, total)
+    planner.costs.env, planner.costs.infer = measured.env, measured.infer
+    planner.costs.remote_overhead = measured.remote_overhead
+    return planner
 
 
 class OnPolicyRunner:
