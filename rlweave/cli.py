@@ -1,4 +1,4 @@
-"""The ``rlweave`` command: train, resume, eval, plot, plan, recipes, bench."""
+"""The ``rlweave`` command: train, resume, eval, plot, timeline, plan, recipes, bench."""
 
 from __future__ import annotations
 
@@ -132,6 +132,17 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_timeline(args) -> int:
+    from rlweave.utils.plot import plot_timeline
+
+    try:
+        out = plot_timeline(args.run_dirs, args.output, iteration=args.iteration)
+    except (FileNotFoundError, ValueError) as e:
+        return _fail(str(e))
+    print(f"[rlweave] wrote {out}")
+    return 0
+
+
 def cmd_plan(args) -> int:
     """Ranks the execution plans of a recipe by predicted iteration time, without training."""
     from rlweave.cluster import Cluster, PlacementError
@@ -199,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_plot)
     s = sub.add_parser("recipes", help="list packaged recipes")
     s.set_defaults(fn=cmd_recipes)
+    s = sub.add_parser("timeline", help="one iteration of each run's trace.json as a timeline PNG")
+    s.add_argument("run_dirs", nargs="+")
+    s.add_argument("-o", "--output", default="timeline.png")
+    s.add_argument("--iteration", type=int, default=2, help="which iteration (1-based; traced ones only)")
+    s.set_defaults(fn=cmd_timeline)
     s = sub.add_parser("plan", help="rank execution plans of a recipe by predicted time (no training)")
     s.add_argument("recipe")
     s.add_argument("overrides", nargs="*")

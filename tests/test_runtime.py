@@ -480,3 +480,12 @@ def test_no_ray_processes_left_behind(separate_process_run):
     # the marker does find Ray's own processes while the run is up
     assert {"raylet", "gcs_server"} <= seen, seen
     assert alive == [], f"still running after the run exited: {alive}"
+
+
+def test_timeline_png_of_one_iteration(basic_run, tmp_path, capsys):
+    _, _, run_dir = basic_run
+    out = tmp_path / "timeline.png"
+    assert main(["timeline", str(run_dir), "-o", str(out), "--iteration", "2"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["timeline", str(run_dir), "-o", str(out), "--iteration", "99"]) == 2
+    assert "trace has 8 iterations, asked for iteration 99" in capsys.readouterr().err
