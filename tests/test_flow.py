@@ -115,6 +115,15 @@ def run(tmp_path: Path, name: str, *overrides: str, on_iteration=None) -> tuple[
     return runner, rows
 
 
+def _cartpole_policy():
+    import gymnasium as gym
+
+    from rlweave.models import build_policy
+
+    env = gym.make("CartPole-v1")
+    return build_policy(name="mlp", observation_space=env.observation_space, action_space=env.action_space, chunk=1, critic=True)
+
+
 def test_same_seed_same_learning_under_every_plan(ray_session, tmp_path):
     """The actions' noise is seeded by (seed, env rank, decision), so the plan (fused or not,
     one slice or two) does not change what is collected or learned."""
@@ -124,6 +133,10 @@ def test_same_seed_same_learning_under_every_plan(ray_session, tmp_path):
                    "placement.groups.actor.slots=0", "rollout.micro_batches=2")
     assert [r["plan/fused"] for r in fused] == [1] * 5 and [r["plan/fused"] for r in split] == [0] * 5
     assert [r["plan/micro_batches"] for r in split] == [2] * 5
+    # the actor shares slot 0 with the fused rollout: the replica is released while it trains
+    assert [r["plan/rollout_offloaded"] for r in fused] == [1] * 5
+    assert fused[0]["mem/rollout_released_params"] == sum(p.numel() for p in _cartpole_policy().parameters())
+    assert [r["plan/rollout_offloaded"] for r in split] == [0] * 5
     for key in ("env_steps", "train/episodes", "train/episode_return"):
         assert [r.get(key) for r in fused] == [r.get(key) for r in split], key
     for a, b in zip(fused, split):

@@ -442,8 +442,9 @@ class OnPolicyRunner:
         env_out, act_out = wait_all([h_env, h_act])
         t1 = time.perf_counter()
         roll_out = self.rollout.run("stats")
-        if self.actor_shares_rollout_slots():
-            self.rollout.run("offload")  # the trainer's turn on the device; weights come back at sync
+        offloaded = self.actor_shares_rollout_slots()
+        if offloaded:  # the trainer's turn on the shared slots; the weights come back with the sync
+            released = self.rollout.run("offload")
         self.version += 1
         t_sync = self._sync_weights()
         self.iteration += 1
@@ -492,6 +493,9 @@ class OnPolicyRunner:
         record["plan/rollout_workers"] = self.flow.num_rollout
         record["plan/micro_batches"] = self.flow.micro_batches
         record["plan/fused"] = int(self.flow.fused)
+        record["plan/rollout_offloaded"] = int(offloaded)
+        if offloaded:
+            record["mem/rollout_released_params"] = sum(r["released_params"] for r in released)
         if self.prediction is not None and self.prediction.plan == self.flow:
             record["plan/predicted_iteration"] = self.prediction.iteration
             record["plan/error"] = abs(self.prediction.iteration - t_iter) / t_iter

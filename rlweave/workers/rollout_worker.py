@@ -83,12 +83,14 @@ class RolloutWorker(Worker):
         when they share slots). The next ``load_weights`` brings them back: weights are re-sent
         every iteration anyway, so nothing is copied back. Returns device memory before/after."""
         before = device_memory_mb(self.device)
+        released = 0
         for p in self.policy.parameters():
+            released += p.numel()
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.offloaded = True
-        return {"before": before, "after": device_memory_mb(self.device)}
+        return {"released_params": released, "before": before, "after": device_memory_mb(self.device)}
 
     def load_weights(self, packet: WeightPacket) -> str:
         if self.offloaded:
