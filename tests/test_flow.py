@@ -145,19 +145,24 @@ def test_same_seed_same_learning_under_every_plan(ray_session, tmp_path):
         assert all(r["samples/produced"] == r["samples/trained"] == 128 for r in rows)
 
 
-def test_auto_profiles_then_runs_the_planned_layout(ray_session, tmp_path):
+def test_auto_profiles_verifies_then_runs_the_chosen_layout(ray_session, tmp_path):
     runner, rows = run(tmp_path, "auto", "placement.mode=auto", "train.total_env_steps=1280")
     layouts = [(r["plan/env_workers"], r["plan/rollout_workers"], r["plan/micro_batches"], r["plan/fused"]) for r in rows]
     assert layouts[:2] == [(1, 1, 1, 1), (1, 1, 2, 0)]  # the two profiling plans
     log = json.loads((tmp_path / "auto" / "plans.json").read_text())
-    assert log[0]["iteration"] == 2 and log[0]["reason"] == "fastest predicted"
-    chosen = log[0]["chosen"]["plan"]
-    assert chosen == log[0]["ranked"][0]["plan"]
-    ranked = [p["iteration_s"] for p in log[0]["ranked"]]
+    assert log[0] == {"iteration": 1, "reason": "profiling", "plan": "disaggregated env[1]@0 rollout[1]@1 k=2"}
+    chosen = [e for e in log if e["reason"] == "chosen"]
+    assert chosen, log
+    first = chosen[0]
+    # verified plans were run once each between profiling and the choice
+    verified = [e["plan"] for e in log if e["reason"] == "verifying" and e["iteration"] < first["iteration"]]
+    assert first["iteration"] == 2 + len(verified)
+    ranked = [p["iteration_s"] for p in first["ranked"]]
     assert ranked == sorted(ranked)
-    after = rows[2:]
-    assert after and all("plan/predicted_iteration" in r for r in after if (r["plan/env_workers"], r["plan/micro_batches"]) == (
-        int(chosen.split("env[")[1][0]), int(chosen.rsplit("k=", 1)[1])))
+    measured = {k: v for k, v in first["measured_s"].items() if v is not None}
+    assert first["chosen"]["plan"] == min(measured, key=measured.get)
+    after = [r for r in rows if r["iteration"] > first["iteration"]]
+    assert all("plan/predicted_iteration" in r and r["plan/error"] >= 0 for r in after[: 1])
     assert all(r["samples/produced"] == r["samples/trained"] for r in rows)
     assert sum(r["samples/produced"] for r in rows) == rows[-1]["env_steps"] == 1280
 

@@ -79,6 +79,7 @@ class RolloutConfig:
 class PlannerConfig:
     max_micro_batches: int = positive(4)  # largest pipeline depth placement.mode=auto considers
     margin: float = field(default=0.15, metadata={"min": 0})  # re-plan when |predicted-measured| > margin*measured
+    verify: int = positive(3)  # shortlisted plans measured for one iteration each before choosing
 
 
 @dataclass

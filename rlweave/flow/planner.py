@@ -29,6 +29,7 @@ class Measurement:
     train: float = 0.0
     sync: float = 0.0
     other: float = 0.0  # iteration time not in collect/train/sync (driver, logging)
+    iteration: float = 0.0  # the whole iteration, as measured
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Planner:
     max_micro_batches: int = 4
     env_multiple: int = 1  # env worker counts must be multiples of this (the actor's rank count)
     margin: float = 0.15
+    gpu_slots: bool = False
     costs: StageCosts = field(default_factory=StageCosts)
     train: float = 0.0
     sync_per_rollout: float = 0.0
@@ -58,6 +60,7 @@ class Planner:
 
     def __post_init__(self) -> None:
         self.costs.cores = self.cores
+        self.costs.gpu_slots = self.gpu_slots
 
     # ---------------------------------------------------------------- profiling
     def profile_plans(self) -> list[FlowPlan]:
@@ -127,6 +130,25 @@ class Planner:
 
     def best(self) -> Prediction:
         return self.rank()[0]
+
+    def shortlist(self, size: int) -> list[Prediction]:
+        """The fastest ``size`` predictions within ``margin`` of the fastest: the plans worth one
+        measured iteration each before choosing (the model is small; a measurement settles what
+        it cannot tell apart)."""
+        ranked = self.rank()
+        top = ranked[0].iteration
+        return [p for p in ranked[: max(1, size)] if p.iteration <= top * (1 + self.margin)]
+
+    def measured(self, plan: FlowPlan) -> float | None:
+        """Median measured iteration time of ``plan`` in this run (None if never run)."""
+        times = sorted(m.iteration for m in self.history if m.plan == plan and m.iteration > 0)
+        return times[len(times) // 2] if times else None
+
+    def choose(self, size: int) -> Prediction:
+        """Among the shortlist, the plan with the fastest measured iteration (predicted where not
+        measured)."""
+        short = self.shortlist(size)
+        return min(short, key=lambda p: self.measured(p.plan) or p.iteration)
 
     def drifted(self, predicted: float, measured: float) -> bool:
         return abs(predicted - measured) > self.margin * measured

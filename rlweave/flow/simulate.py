@@ -1,7 +1,8 @@
 """Predicts how long one collection takes under a plan, by simulating the request pipeline.
 
-The model is deliberately small (it is fitted from a couple of iterations): each *slot* is one
-server that runs one task at a time; an env worker is a sequential program that, for each decision
+The model is deliberately small (it is fitted from a couple of iterations): each *process* is one
+server that runs one task at a time (fused env and rollout workers share their process; on GPU
+slots the rollout workers of one GPU share it); an env worker is a sequential program that, for each decision
 t and slice j in order, waits for slice j's reply, steps the slice (``env_cost(rows)``) and sends
 the next request; a rollout worker answers requests in arrival order (``infer_cost(rows)``). A
 request between processes costs ``remote_overhead`` seconds of work, split between the two
@@ -59,7 +60,8 @@ class StageCosts:
     infer: LinearCost = field(default_factory=LinearCost)  # one request of `rows` observations
     remote_overhead: float | None = None  # seconds per cross-process request (None: not measured)
     local_overhead: float = 0.0
-    cores: int = 1  # physical cores the slots share (CPU clusters)
+    cores: int = 1  # physical cores the processes share (CPU clusters)
+    gpu_slots: bool = False  # rollout workers on the same slot share one device
 
 
 def simulate_collection(plan: FlowPlan, costs: StageCosts, total_envs: int, steps: int) -> float:
@@ -68,8 +70,11 @@ def simulate_collection(plan: FlowPlan, costs: StageCosts, total_envs: int, step
     rows = total_envs // E // k
     t_env, t_inf = costs.env(rows), costs.infer(rows)
     over = costs.local_overhead if plan.fused else (costs.remote_overhead or 0.0)
-    env_server = [("slot", s) for s in plan.env_slots]
-    roll_server = [("slot", s) for s in plan.rollout_slots]
+    if plan.fused:
+        env_server = roll_server = [("process", e) for e in range(E)]
+    else:
+        env_server = [("env", e) for e in range(E)]
+        roll_server = [("gpu", s) if costs.gpu_slots else ("rollout", r) for r, s in enumerate(plan.rollout_slots)]
     free: dict = {}
     worker_free = [0.0] * E
     pos = [(0, 0)] * E  # next (t, j) each env worker steps

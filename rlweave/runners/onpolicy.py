@@ -121,6 +121,7 @@ def offline_planner(cfg: DictConfig, cluster: Cluster) -> Planner:
         slots=[Slot(n, i) for n in range(cluster.num_nodes) for i in range(cluster.slots_on(n))],
         total_envs=total, steps=cfg.train.rollout_steps, cores=_physical_cores(cluster),
         max_micro_batches=cfg.planner.max_micro_batches, env_multiple=cfg.actor.num_workers, margin=cfg.planner.margin,
+        gpu_slots=cluster.slot_kind == "gpu",
     )
     measured = measure_stage_costs(env_cfg, policy, total)
     planner.costs.env, planner.costs.infer = measured.env, measured.infer
@@ -157,6 +158,8 @@ class OnPolicyRunner:
         self.pending_plan: FlowPlan | None = None
         self.prediction: Prediction | None = None
         self.plan_log: list[dict] = []
+        self.verified: set = set()
+        self.drift_count = 0
 
     @property
     def steps_per_iteration(self) -> int:
@@ -196,6 +199,7 @@ class OnPolicyRunner:
                 slots=[Slot(n, i) for n in range(self.cluster.num_nodes) for i in range(self.cluster.slots_on(n))],
                 total_envs=self.total_envs, steps=cfg.train.rollout_steps, cores=_physical_cores(self.cluster),
                 max_micro_batches=cfg.planner.max_micro_batches, env_multiple=n_act, margin=cfg.planner.margin,
+                gpu_slots=self.cluster.slot_kind == "gpu",
             )
             first = self.planner.profile_plans()[0]
         else:
@@ -391,40 +395,62 @@ class OnPolicyRunner:
         return last
 
     def _replan(self, record: dict) -> None:
-        """``placement.mode=auto``: feed the planner, then switch plans at this iteration boundary
-        (profiling plans first, then the predicted fastest; again when prediction and measurement
-        drift apart)."""
+        """``placement.mode=auto``: feed the planner, then pick the next plan at this iteration
+        boundary. Phases: *profile* (the planner's profiling plans), *verify* (one iteration of
+        each shortlisted prediction not measured yet), *run* (the shortlisted plan with the
+        fastest measured iteration). Two iterations in a row whose time drifts from the prediction
+        by more than ``planner.margin`` send the run back to *verify* with the refitted costs."""
         if self.planner is None:
             return
-        pl = self.planner
+        pl, cfg = self.planner, self.cfg
         pl.observe(Measurement(
             self.flow, collect=record["time/collect"], env_compute=record["time/env"], infer_compute=record["time/rollout_per_env_worker"],
-            steps=self.cfg.train.rollout_steps, train=record["time/actor"], sync=record["time/weight_sync"],
+            steps=cfg.train.rollout_steps, train=record["time/actor"], sync=record["time/weight_sync"],
             other=max(0.0, record["time/iteration"] - record["time/collect"] - record["time/actor"] - record["time/weight_sync"]),
+            iteration=record["time/iteration"],
         ))
-        profiles = pl.profile_plans()
         seen = {m.plan for m in pl.history}
-        todo = [p for p in profiles if p not in seen]
+        todo = [p for p in pl.profile_plans() if p not in seen]
         if todo:
-            nxt, reason = todo[0], "profiling"
-        else:
-            best = pl.best()
-            drift = self.prediction is not None and pl.drifted(self.prediction.iteration, record["time/iteration"])
-            if self.prediction is None or drift or best.plan != self.flow and self.prediction.plan != best.plan:
-                nxt, reason = best.plan, "drift" if drift else "fastest predicted"
-                self.prediction = best
-                self.plan_log.append({
-                    "iteration": self.iteration, "reason": reason, "chosen": best.as_dict(),
-                    "ranked": [p.as_dict() for p in pl.rank()[:8]],
-                })
-                print(f"[rlweave] planner: {reason}: {best.plan.label()} predicted {best.iteration:.3f} s/iteration")
-            else:
+            return self._switch(todo[0], "profiling")
+        if self.prediction is not None and self.prediction.plan == self.flow:
+            drifted = pl.drifted(self.prediction.iteration, record["time/iteration"])
+            self.drift_count = self.drift_count + 1 if drifted else 0
+            if self.drift_count < 2:
                 return
-        if nxt != self.flow:
-            try:
-                self._apply_flow(nxt)
-            except Exception as e:  # noqa: BLE001 - the run continues on its previous plan
-                print(f"[rlweave] planner: could not switch to {nxt.label()} ({e}); staying on {self.flow.label()}")
+            self.drift_count = 0
+            self.verified = set()
+            reason = "drift"
+        else:
+            reason = "verify"
+        short = pl.shortlist(cfg.planner.verify)
+        unverified = [p.plan for p in short if p.plan not in self.verified and pl.measured(p.plan) is None]
+        if reason == "drift":  # measurements from before the drift no longer count
+            unverified = [p.plan for p in short if p.plan != self.flow][: max(0, cfg.planner.verify - 1)]
+        if unverified:
+            self.verified.add(unverified[0])
+            self.prediction = None
+            return self._switch(unverified[0], "verifying" if reason != "drift" else "drift: verifying")
+        chosen = pl.choose(cfg.planner.verify)
+        self.prediction = pl.predict(chosen.plan)
+        self.plan_log.append({
+            "iteration": self.iteration, "reason": "chosen", "chosen": self.prediction.as_dict(),
+            "measured_s": {p.plan.label(): pl.measured(p.plan) for p in short},
+            "ranked": [p.as_dict() for p in pl.rank()[:8]],
+        })
+        print(f"[rlweave] planner: chose {chosen.plan.label()}: predicted {self.prediction.iteration:.3f} s/iteration"
+              + (f", measured {pl.measured(chosen.plan):.3f}" if pl.measured(chosen.plan) else ""))
+        self._switch(chosen.plan, None)
+
+    def _switch(self, plan: FlowPlan, reason: str | None) -> None:
+        if reason:
+            self.plan_log.append({"iteration": self.iteration, "reason": reason, "plan": plan.label()})
+        if plan == self.flow:
+            return
+        try:
+            self._apply_flow(plan)
+        except Exception as e:  # noqa: BLE001 - the run continues on its previous plan
+            print(f"[rlweave] planner: could not switch to {plan.label()} ({e}); staying on {self.flow.label()}")
 
     def _iteration(self, metrics: MetricsWriter, trace: Trace, progress: Progress) -> dict:
         cfg = self.cfg
