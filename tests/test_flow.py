@@ -208,9 +208,17 @@ def test_a_plan_that_cannot_run_leaves_the_previous_plan(ray_session, tmp_path):
             except Exception as e:  # noqa: BLE001
                 errors.append(str(e))
 
-    _, rows = run(tmp_path, "bad-plan", "train.total_env_steps=384", on_iteration=switch)
-    assert errors == ["plan hybrid        env[3]@0,1,0 rollout[1]@1 k=1: 4 envs do not split into 3 workers x 1 micro-batches"]
-    assert [r["plan/env_workers"] for r in rows] == [1, 1, 1]
+        if record["iteration"] == 2:
+            try:  # a rollout worker on a node that does not exist cannot start
+                runner._apply_flow(FlowPlan((S0,), (Slot(3, 0),), 2))
+            except Exception as e:  # noqa: BLE001
+                errors.append(type(e).__name__)
+
+    _, rows = run(tmp_path, "bad-plan", "train.total_env_steps=512", on_iteration=switch)
+    assert errors == ["plan hybrid        env[3]@0,1,0 rollout[1]@1 k=1: 4 envs do not split into 3 workers x 1 micro-batches",
+                      "IndexError"]
+    # both times the run went on under its previous plan (rebuilt after the failed start)
+    assert [(r["plan/env_workers"], r["plan/micro_batches"], r["plan/fused"]) for r in rows] == [(1, 1, 1)] * 4
     assert all(r["samples/produced"] == r["samples/trained"] == 128 for r in rows)
 
 

@@ -117,7 +117,8 @@ class Cluster:
     def describe(self) -> str:
         kind = self.slot_kind
         parts = [f"node{n.index}: {n.num_cpus} CPU, {n.num_gpus} GPU" for n in self.nodes]
-        mode = "local (no Ray)" if self.local else ("embedded Ray" if self.started_here else "Ray cluster")
+        planned = bool(self.nodes) and self.nodes[0].node_id == "planned"
+        mode = "local (no Ray)" if self.local else ("embedded Ray" if self.started_here else ("embedded Ray (planned)" if planned else "Ray cluster"))
         return f"{mode}, {self.num_nodes} node(s), {self.num_slots} {kind} slot(s) [{'; '.join(parts)}]"
 
     @classmethod

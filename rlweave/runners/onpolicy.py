@@ -244,11 +244,13 @@ class OnPolicyRunner:
         except Exception:
             if initial:
                 raise
-            # keep (or rebuild) the previous layout and say so
-            print(f"[rlweave] plan switch to {flow.label()} failed; staying on {old_flow.label()}")
-            self.env, self.rollout = None, None
-            self.groups = [g for g in self.groups if g is self.actor]
-            self.flow = None
+            # back to the previous layout, built afresh (episodes restart), and say so
+            print(f"[rlweave] plan switch to {flow.label()} failed; going back to {old_flow.label()}")
+            for g in {id(x): x for x in (new_env, old_env) if x is not None}.values():
+                g.shutdown()
+            self.env, self.rollout, self.flow = None, None, None
+            self.groups = [self.actor]
+            self.generation += 1
             self._apply_flow(old_flow, initial=True)
             self._load_rollout_weights()
             raise
