@@ -26,7 +26,7 @@ class RolloutWorker(Worker):
         seed: int,
     ):
         self.policy = build_policy(observation_space=observation_space, action_space=action_space, chunk=chunk, **policy_cfg)
-        self.policy.eval()
+        self.policy.to(self.device).eval()  # the slot's GPU when there is one
         self.version = 0
         self.generator_seed = seed * 7919 + self.rank
         torch.manual_seed(self.generator_seed)
@@ -53,11 +53,11 @@ class RolloutWorker(Worker):
                 raise RuntimeError("rollout replica is offloaded: load weights before asking for actions")
             lo, hi, n = rows
             noise = self.policy.sample_noise(n, torch.Generator().manual_seed(noise_seed))[lo:hi]
-            x = torch.from_numpy(np.array(obs))  # a writable copy (Ray hands read-only arrays)
+            x = torch.from_numpy(np.array(obs)).to(self.device)  # a writable copy (Ray hands read-only arrays)
             if self.float_obs:
                 x = x.float()
             with torch.inference_mode():
-                action, log_prob, value = self.policy.act(x, noise=noise)
+                action, log_prob, value = (t.cpu() for t in self.policy.act(x, noise=noise))
             self.requests += 1
             self.rows += hi - lo
             spent = time.perf_counter() - t0
