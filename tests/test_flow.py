@@ -254,3 +254,34 @@ def test_grpo_episodes_are_the_same_split_into_micro_batches(ray_session, tmp_pa
     for key in ("env_steps", "train/episodes", "train/episode_return", "train/samples"):
         assert [r.get(key) for r in fused] == [r.get(key) for r in split], key
     assert all(r["samples/produced"] == r["samples/trained"] for r in fused + split)
+
+
+def test_auto_run_resumes_with_its_plan_and_planner_state(ray_session, tmp_path):
+    import shutil
+
+    runner, rows = run(tmp_path, "auto-resume", "placement.mode=auto", "train.total_env_steps=1280",
+                       "train.checkpoint_every=5", "train.keep_checkpoints=5")
+    run_dir = tmp_path / "auto-resume"
+    shutil.rmtree(run_dir / "checkpoints" / "iter_00000010")
+    saved_flow = torch_load(run_dir / "checkpoints" / "iter_00000005" / "runner.pt")["flow"]
+    cfg = load_config("ppo-cartpole", ["env.num_envs=4", "train.rollout_steps=32", "train.eval_every=0", f"run.dir={run_dir}",
+                                       *QUIET, "placement.mode=auto", "train.total_env_steps=1280",
+                                       "train.checkpoint_every=5", "train.keep_checkpoints=5"])
+    resumed = OnPolicyRunner(cfg, run_dir, resume=True)
+    resumed.run()
+    after = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [r["iteration"] for r in after] == list(range(1, 11))
+    # iteration 6 ran under the plan saved at iteration 5; the planner did not profile again
+    r6 = after[5]
+    assert (r6["plan/env_workers"], r6["plan/micro_batches"], r6["plan/fused"]) == (
+        len(saved_flow["env"]), saved_flow["micro_batches"], int(saved_flow["env"] == saved_flow["rollout"]))
+    log = json.loads((run_dir / "plans.json").read_text())
+    assert [e["iteration"] for e in log if e["reason"] == "profiling"] == [1]
+    assert len(resumed.planner.history) == 10
+    assert sum(r["samples/produced"] for r in after) == 1280
+
+
+def torch_load(path):
+    import torch
+
+    return torch.load(path, weights_only=False)

@@ -50,6 +50,15 @@ class FlowPlan:
         fmt = lambda slots: ",".join(f"{s.index}" if s.node == 0 else str(s) for s in slots)  # noqa: E731
         return f"{self.mode:<13} env[{self.num_env}]@{fmt(self.env_slots)} rollout[{self.num_rollout}]@{fmt(self.rollout_slots)} k={self.micro_batches}"
 
+    def as_tuple(self) -> tuple:
+        """Plain data (for checkpoints): ((node, index), ...) per group and k."""
+        return (tuple((s.node, s.index) for s in self.env_slots), tuple((s.node, s.index) for s in self.rollout_slots), self.micro_batches)
+
+    @classmethod
+    def from_tuple(cls, t: tuple) -> "FlowPlan":
+        env, rollout, k = t
+        return cls(tuple(Slot(*x) for x in env), tuple(Slot(*x) for x in rollout), int(k))
+
     def as_dict(self) -> dict:
         return {
             "mode": self.mode,

@@ -159,9 +159,11 @@ class Planner:
             "env": c.env.samples, "infer": c.infer.samples, "remote_overhead": c.remote_overhead,
             "local_overhead": c.local_overhead, "train": self.train, "sync_per_rollout": self.sync_per_rollout,
             "other": self.other,
+            "history": [{**{k: v for k, v in vars(m).items() if k != "plan"}, "plan": m.plan.as_tuple()} for m in self.history],
         }
 
     def load_state_dict(self, s: dict) -> None:
+        self.history = [Measurement(**{**m, "plan": FlowPlan.from_tuple(m["plan"])}) for m in s.get("history", [])]
         for rows, sec in s["env"]:
             self.costs.env.add(rows, sec)
         for rows, sec in s["infer"]:

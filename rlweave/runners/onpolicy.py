@@ -326,6 +326,12 @@ class OnPolicyRunner:
                 "torch": torch.get_rng_state(),
                 "flow": self.flow.as_dict(),
                 "planner": self.planner.state_dict() if self.planner else None,
+                "planner_run": {
+                    "prediction": self.prediction.plan.as_tuple() if self.prediction else None,
+                    "verified": [p.as_tuple() for p in self.verified],
+                    "drift_count": self.drift_count,
+                    "plan_log": self.plan_log,
+                } if self.planner else None,
             },
         }
         save_checkpoint(self.run_dir, self.iteration, parts, keep=self.cfg.train.keep_checkpoints)
@@ -345,6 +351,12 @@ class OnPolicyRunner:
                 self._apply_flow(flow)
         if self.planner and r.get("planner"):
             self.planner.load_state_dict(r["planner"])
+            run_state = r.get("planner_run") or {}
+            if run_state.get("prediction"):
+                self.prediction = self.planner.predict(FlowPlan.from_tuple(run_state["prediction"]))
+            self.verified = {FlowPlan.from_tuple(t) for t in run_state.get("verified", [])}
+            self.drift_count = run_state.get("drift_count", 0)
+            self.plan_log = [e for e in run_state.get("plan_log", []) if e["iteration"] <= r["iteration"]]
         self.actor.run("load_state_dict", state["actor"])
         self.env.call_each("load_state_dict", [(s,) for s in state["envs"]]).wait()
         self.rollout.call_each("load_state_dict", [(s,) for s in state["rollouts"]]).wait()
@@ -384,6 +396,9 @@ class OnPolicyRunner:
                 while self.iteration < self.iterations and self.env_steps < cfg.train.total_env_steps:
                     last = self._iteration(metrics, trace, progress)
                     self._replan(last)
+                    ce = cfg.train.checkpoint_every
+                    if ce and self.iteration % ce == 0:
+                        self._save()  # after planning: a resumed run continues under the plan chosen here
                     if on_iteration is not None:
                         on_iteration(self, last)
             finally:
@@ -547,9 +562,6 @@ class OnPolicyRunner:
         record["wall_time"] = self._wall()
         metrics.log(record)
         progress.update(self.iteration, self.env_steps, record.get("train/episode_return"), record.get("eval/episode_return"))
-        ce = cfg.train.checkpoint_every
-        if ce and self.iteration % ce == 0:
-            self._save()
         return record
 
     def actor_shares_rollout_slots(self) -> bool:

@@ -201,11 +201,12 @@ class EnvWorker(Worker):
 
     # -- evaluation ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {**self.env.state_dict(), "decisions": self.decisions}
+        return {**self.env.state_dict(), "decisions": self.decisions, "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
         self.env.load_state_dict(state)
         self.decisions = state.get("decisions", 0)
+        self.seed = state.get("seed", self.seed)
 
     def spaces(self):
         return self.env.single_observation_space, self.env.single_action_space
