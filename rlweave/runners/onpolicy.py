@@ -490,6 +490,12 @@ class OnPolicyRunner:
             released = self.rollout.run("offload")
         self.version += 1
         t_sync = self._sync_weights()
+        if offloaded and self.cluster.slot_kind == "gpu":
+            # the rollout's turn next: the trainer's model and optimizer state go to host memory
+            moved = self.actor.run("offload")
+            record_actor_offload = {k: max(m[k].get("allocated_mb", 0.0) for m in moved) for k in ("before", "after")}
+        else:
+            record_actor_offload = None
         self.iteration += 1
         steps = sum(o["env_steps"] for o in env_out)
         self.env_steps += steps
@@ -537,6 +543,9 @@ class OnPolicyRunner:
         record["plan/micro_batches"] = self.flow.micro_batches
         record["plan/fused"] = int(self.flow.fused)
         record["plan/rollout_offloaded"] = int(offloaded)
+        if record_actor_offload is not None:
+            record["mem/actor_device_mb_before_offload"] = record_actor_offload["before"]
+            record["mem/actor_device_mb_after_offload"] = record_actor_offload["after"]
         if offloaded:
             record["mem/rollout_released_params"] = sum(r["released_params"] for r in released)
         if self.prediction is not None and self.prediction.plan == self.flow:

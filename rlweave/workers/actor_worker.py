@@ -48,7 +48,9 @@ class ActorWorker(Worker):
             chunk=chunk,
             **policy_cfg,
         )
+        self.policy.to(self.device)  # the slot's GPU when there is one
         self.float_obs = observation_space.dtype != np.uint8
+        self.offloaded = False
         # fused Adam: one kernel for all parameters instead of ~13 small ops per tensor per step
         self.params = list(self.policy.parameters())
         self.optimizer = torch.optim.Adam(self.params, lr=algo_cfg["lr"], eps=1e-5, fused=True)
@@ -82,7 +84,11 @@ class ActorWorker(Worker):
         trajs = sorted((e.item for e in envelopes), key=lambda t: int(t["env_rank"][0]))
         received = [(int(t["env_rank"][0]), int(t["policy_version"][0]), int(t["env_steps"][0])) for t in trajs]
         t1 = time.perf_counter()
+        if self.offloaded:
+            self.onload()
         batch, info = self._prepare(trajs)
+        if self.device.type != "cpu":
+            batch = batch.to(self.device)
         metrics = self._update(batch, progress)
         if self.policy.obs_rms is not None:
             # Statistics move only after the update, so the update sees the normaliser the rollout
@@ -124,9 +130,9 @@ class ActorWorker(Worker):
                 idx = np.concatenate([t["boot_idx"] + np.array([0, off]) for t, off in zip(trajs, offsets)])
                 if len(idx):
                     boot_obs = self._obs(np.concatenate([t["boot_obs"] for t in trajs]))
-                    v = self.policy.value(boot_obs)
+                    v = self.policy.value(boot_obs.to(self.device)).cpu()
                     rewards[idx[:, 0], idx[:, 1]] += self.cfg["gamma"] * v
-                last_value = self.policy.value(self._obs(cat("last_obs", 0)))
+                last_value = self.policy.value(self._obs(cat("last_obs", 0)).to(self.device)).cpu()
                 values = old_values  # same weights and normaliser as the rollout's: no recompute
                 dones = (terminated | truncated).float()
                 adv, returns = gae(rewards, values, dones, last_value, self.cfg["gamma"], self.cfg["gae_lambda"])
@@ -163,7 +169,7 @@ class ActorWorker(Worker):
         rms = self.policy.obs_rms
         x = flat_obs.double()
         if self.world_size > 1 and dist.is_initialized():
-            n = torch.tensor([float(x.shape[0])], dtype=torch.float64)
+            n = torch.tensor([float(x.shape[0])], dtype=torch.float64, device=x.device)
             s, ss = x.sum(0), (x * x).sum(0)
             for t in (n, s, ss):
                 dist.all_reduce(t)
@@ -230,6 +236,30 @@ class ActorWorker(Worker):
         out["train/lr"] = lr
         out["train/updates"] = count
         return out
+
+    # ------------------------------------------------------------------ device turns
+    def offload(self) -> dict:
+        """Moves the model and the optimizer state to host memory while the device is another
+        group's turn (a GPU shared with the rollout); ``train`` brings them back. A no-op on CPU,
+        where there is no separate device memory to free. Returns device memory before/after."""
+        before = device_memory_mb(self.device)
+        if self.device.type == "cuda" and not self.offloaded:
+            self._move(torch.device("cpu"))
+            torch.cuda.empty_cache()
+            self.offloaded = True
+        return {"before": before, "after": device_memory_mb(self.device)}
+
+    def onload(self) -> None:
+        if self.offloaded:
+            self._move(self.device)
+            self.offloaded = False
+
+    def _move(self, device: torch.device) -> None:
+        self.policy.to(device)
+        for state in self.optimizer.state.values():
+            for k, v in state.items():
+                if isinstance(v, torch.Tensor) and k != "step":
+                    state[k] = v.to(device)
 
     # ------------------------------------------------------------------ weights and state
     def export_weights(self) -> WeightPacket:
