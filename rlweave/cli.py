@@ -121,26 +121,25 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def cmd_plot(args) -> int:
-    from rlweave.utils.plot import plot_runs
-
+def _write_figure(draw, *args, **kwargs) -> int:
     try:
-        out = plot_runs(args.run_dirs, args.output, metrics=args.metric, x=args.x)
+        out = draw(*args, **kwargs)
     except (FileNotFoundError, ValueError) as e:
         return _fail(str(e))
     print(f"[rlweave] wrote {out}")
     return 0
+
+
+def cmd_plot(args) -> int:
+    from rlweave.utils.plot import plot_runs
+
+    return _write_figure(plot_runs, args.run_dirs, args.output, metrics=args.metric, x=args.x)
 
 
 def cmd_timeline(args) -> int:
     from rlweave.utils.plot import plot_timeline
 
-    try:
-        out = plot_timeline(args.run_dirs, args.output, iteration=args.iteration)
-    except (FileNotFoundError, ValueError) as e:
-        return _fail(str(e))
-    print(f"[rlweave] wrote {out}")
-    return 0
+    return _write_figure(plot_timeline, args.run_dirs, args.output, iteration=args.iteration)
 
 
 def cmd_plan(args) -> int:

@@ -263,7 +263,7 @@ def test_auto_run_resumes_with_its_plan_and_planner_state(ray_session, tmp_path)
                        "train.checkpoint_every=5", "train.keep_checkpoints=5")
     run_dir = tmp_path / "auto-resume"
     shutil.rmtree(run_dir / "checkpoints" / "iter_00000010")
-    saved_flow = torch_load(run_dir / "checkpoints" / "iter_00000005" / "runner.pt")["flow"]
+    saved_flow = FlowPlan.from_tuple(torch_load(run_dir / "checkpoints" / "iter_00000005" / "runner.pt")["flow"])
     cfg = load_config("ppo-cartpole", ["env.num_envs=4", "train.rollout_steps=32", "train.eval_every=0", f"run.dir={run_dir}",
                                        *QUIET, "placement.mode=auto", "train.total_env_steps=1280",
                                        "train.checkpoint_every=5", "train.keep_checkpoints=5"])
@@ -274,7 +274,7 @@ def test_auto_run_resumes_with_its_plan_and_planner_state(ray_session, tmp_path)
     # iteration 6 ran under the plan saved at iteration 5; the planner did not profile again
     r6 = after[5]
     assert (r6["plan/env_workers"], r6["plan/micro_batches"], r6["plan/fused"]) == (
-        len(saved_flow["env"]), saved_flow["micro_batches"], int(saved_flow["env"] == saved_flow["rollout"]))
+        saved_flow.num_env, saved_flow.micro_batches, int(saved_flow.fused))
     log = json.loads((run_dir / "plans.json").read_text())
     assert [e["iteration"] for e in log if e["reason"] == "profiling"] == [1]
     assert len(resumed.planner.history) == 10

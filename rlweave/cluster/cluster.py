@@ -110,6 +110,12 @@ class Cluster:
         node = self.nodes[node_index]
         return node.num_gpus if self.slot_kind == "gpu" else node.num_cpus
 
+    def slots(self) -> list:
+        """Every device slot, node by node, in index order."""
+        from rlweave.cluster.placement import Slot
+
+        return [Slot(n, i) for n in range(self.num_nodes) for i in range(self.slots_on(n))]
+
     @property
     def num_slots(self) -> int:
         return sum(self.slots_on(i) for i in range(self.num_nodes))

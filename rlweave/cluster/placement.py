@@ -105,7 +105,7 @@ def parse_slots(expr: str, cluster: Cluster, key: str) -> list[Slot]:
     if not expr:
         raise PlacementError(f"{key}: empty slot expression")
     if expr == "all":
-        return [Slot(n, i) for n in range(cluster.num_nodes) for i in range(cluster.slots_on(n))]
+        return cluster.slots()
     slots: list[Slot] = []
     for item in expr.split(","):
         item = item.strip()
@@ -164,7 +164,7 @@ def make_plan(
             raise PlacementError(f"{name}.num_workers: must be >= 1, got {n}")
 
     total = cluster.num_slots
-    all_slots = [Slot(n, i) for n in range(cluster.num_nodes) for i in range(cluster.slots_on(n))]
+    all_slots = cluster.slots()
     if total == 0:
         raise PlacementError(f"placement: the cluster has no {cluster.slot_kind} slots")
     groups: dict[str, GroupPlacement] = {}

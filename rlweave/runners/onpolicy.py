@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlweave.algorithms import get_algorithm
 from rlweave.channel import Channel
-from rlweave.cluster import Cluster, GroupPlacement, PlacementError, Slot, WorkerGroup, make_plan, wait_all
+from rlweave.cluster import Cluster, GroupPlacement, PlacementError, WorkerGroup, make_plan, wait_all
 from rlweave.config import ConfigError
 from rlweave.envs import space_info
 from rlweave.flow import FlowPlan, Measurement, Planner, Prediction, plan_from_groups
@@ -38,7 +38,7 @@ from rlweave.flow.profile import measure_stage_costs
 from rlweave.models import build_policy
 from rlweave.runners.evaluate import evaluate_policy
 from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from rlweave.utils.metrics import MetricsWriter, Progress, Trace, truncate_metrics
+from rlweave.utils.metrics import MetricsWriter, Progress, Trace, truncate_metrics, write_text_atomic
 from rlweave.workers.actor_worker import ActorWorker
 from rlweave.workers.channels import ChannelSpec
 from rlweave.workers.env_worker import EnvWorker
@@ -118,7 +118,7 @@ def offline_planner(cfg: DictConfig, cluster: Cluster) -> Planner:
     policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk, **_policy_kwargs(cfg))
     policy.eval()
     planner = Planner(
-        slots=[Slot(n, i) for n in range(cluster.num_nodes) for i in range(cluster.slots_on(n))],
+        slots=cluster.slots(),
         total_envs=total, steps=cfg.train.rollout_steps, cores=_physical_cores(cluster),
         max_micro_batches=cfg.planner.max_micro_batches, env_multiple=cfg.actor.num_workers, margin=cfg.planner.margin,
         gpu_slots=cluster.slot_kind == "gpu",
@@ -154,8 +154,9 @@ class OnPolicyRunner:
         self.groups: list[WorkerGroup] = []
         self.channels: list[Channel] = []
         self.cluster: Cluster | None = None
+        self.flow: FlowPlan | None = None
+        self.recording = False  # env and rollout workers record per-micro-batch trace events
         self.planner: Planner | None = None
-        self.pending_plan: FlowPlan | None = None
         self.prediction: Prediction | None = None
         self.plan_log: list[dict] = []
         self.verified: set = set()
@@ -196,7 +197,7 @@ class OnPolicyRunner:
         self.groups.append(self.actor)
         if cfg.placement.mode == "auto":
             self.planner = Planner(
-                slots=[Slot(n, i) for n in range(self.cluster.num_nodes) for i in range(self.cluster.slots_on(n))],
+                slots=self.cluster.slots(),
                 total_envs=self.total_envs, steps=cfg.train.rollout_steps, cores=_physical_cores(self.cluster),
                 max_micro_batches=cfg.planner.max_micro_batches, env_multiple=n_act, margin=cfg.planner.margin,
                 gpu_slots=self.cluster.slot_kind == "gpu",
@@ -219,9 +220,8 @@ class OnPolicyRunner:
         n_act = self.actor.world_size
         if flow.num_env % n_act:
             raise PlacementError(f"plan {flow.label()}: {n_act} actor ranks must divide {flow.num_env} env workers")
-        old_env, old_rollout, old_flow = self.env, self.rollout, getattr(self, "flow", None)
+        old_env, old_rollout, old_flow = self.env, self.rollout, self.flow
         rebuild_env = old_flow is None or old_flow.env_slots != flow.env_slots
-        placements = flow.placements()
         new_env = old_env
         try:
             if old_rollout is not None:
@@ -233,14 +233,10 @@ class OnPolicyRunner:
                 env_cfg = OmegaConf.to_container(cfg.env)
                 env_cfg["num_envs"] = self.total_envs // flow.num_env
                 new_env = WorkerGroup(
-                    EnvWorker, placements["env"], self.cluster,
+                    EnvWorker, flow.placements()["env"], self.cluster,
                     args=(env_cfg, cfg.seed + 1_000_003 * self.generation, cfg.algorithm.gamma, None, self.traj_spec, n_act),
                 )
-            new_rollout = WorkerGroup(
-                RolloutWorker, placements["rollout"], self.cluster,
-                args=(self.pkw, self.obs_space, self.act_space, cfg.env.chunk, cfg.seed),
-                colocate_with=new_env if flow.fused else None,
-            )
+            self._start_rollout(flow, new_env)
         except Exception:
             if initial:
                 raise
@@ -254,14 +250,24 @@ class OnPolicyRunner:
             self._apply_flow(old_flow, initial=True)
             self._load_rollout_weights()
             raise
-        self.env, self.rollout, self.flow = new_env, new_rollout, flow
-        self.groups = [self.actor, new_env, new_rollout]
-        peers = [(new_rollout.peer(e % flow.num_rollout, new_env.hosts[e]),) for e in range(flow.num_env)]
-        self.env.call_each("configure_rollout", peers).wait()
-        self.env.run("configure", micro_batches=flow.micro_batches)
         if not initial:
             self._load_rollout_weights()
         print(f"[rlweave] flow plan: {flow.label()}")
+
+    def _start_rollout(self, flow: FlowPlan, env: WorkerGroup) -> None:
+        """Starts the rollout group of ``flow`` (inside ``env``'s processes when fused), makes
+        ``flow`` current, and points every env worker at its rollout worker and pipeline depth."""
+        rollout = WorkerGroup(
+            RolloutWorker, flow.placements()["rollout"], self.cluster,
+            args=(self.pkw, self.obs_space, self.act_space, self.cfg.env.chunk),
+            colocate_with=env if flow.fused else None,
+        )
+        self.env, self.rollout, self.flow = env, rollout, flow
+        self.groups = [self.actor, env, rollout]
+        peers = [(rollout.peer(e % flow.num_rollout, env.hosts[e]),) for e in range(flow.num_env)]
+        env.call_each("configure_rollout", peers).wait()
+        env.run("configure", micro_batches=flow.micro_batches, num_actor_workers=self.actor.world_size,
+                record_events=self.recording)
 
     def _load_rollout_weights(self) -> None:
         packet = getattr(self, "_last_packet", None)
@@ -286,27 +292,16 @@ class OnPolicyRunner:
         n_act = self.actor.world_size
         if num_workers < 1 or num_workers % n_act:
             raise ValueError(f"env.num_workers: {num_workers} must be a positive multiple of the {n_act} actor rank(s)")
-        slots = [Slot(n, i) for n in range(self.cluster.num_nodes) for i in range(self.cluster.slots_on(n))]
+        slots = self.cluster.slots()
         old = list(self.flow.env_slots)
         env_slots = tuple(old[:num_workers] + [slots[r % len(slots)] for r in range(len(old), num_workers)])
         per_worker = self.total_envs // self.flow.num_env
-        if per_worker % self.flow.micro_batches:
-            raise ValueError("rollout.micro_batches must divide the envs per worker")
-        fused = self.flow.fused
+        rollout_slots = env_slots if self.flow.fused else self.flow.rollout_slots
+        flow = FlowPlan(env_slots, rollout_slots, self.flow.micro_batches)
         self.rollout.detach()
         self.env.resize(GroupPlacement("env", list(env_slots)))
         self.total_envs = per_worker * num_workers
-        rollout_slots = env_slots if fused else self.flow.rollout_slots
-        self.flow = FlowPlan(env_slots, rollout_slots, self.flow.micro_batches)
-        self.rollout = WorkerGroup(
-            RolloutWorker, self.flow.placements()["rollout"], self.cluster,
-            args=(self.pkw, self.obs_space, self.act_space, self.cfg.env.chunk, self.cfg.seed),
-            colocate_with=self.env if fused else None,
-        )
-        self.groups = [self.actor, self.env, self.rollout]
-        peers = [(self.rollout.peer(e % self.flow.num_rollout, self.env.hosts[e]),) for e in range(num_workers)]
-        self.env.call_each("configure_rollout", peers).wait()
-        self.env.run("configure", micro_batches=self.flow.micro_batches, num_actor_workers=n_act)
+        self._start_rollout(flow, self.env)
         self._load_rollout_weights()
         print(f"[rlweave] env workers scaled to {num_workers}: {self.flow.label()}")
 
@@ -324,7 +319,7 @@ class OnPolicyRunner:
                 "numpy": np.random.get_state(),
                 "python": random.getstate(),
                 "torch": torch.get_rng_state(),
-                "flow": self.flow.as_dict(),
+                "flow": self.flow.as_tuple(),
                 "planner": self.planner.state_dict() if self.planner else None,
                 "planner_run": {
                     "prediction": self.prediction.plan.as_tuple() if self.prediction else None,
@@ -342,13 +337,8 @@ class OnPolicyRunner:
             raise FileNotFoundError(f"no checkpoint under {self.run_dir / 'checkpoints'} to resume from")
         state = load_checkpoint(path)
         r = state["runner"]
-        saved = r.get("flow")
-        if saved is not None:
-            flow = FlowPlan(
-                tuple(_parse_slot(x) for x in saved["env"]), tuple(_parse_slot(x) for x in saved["rollout"]), saved["micro_batches"]
-            )
-            if flow != self.flow:
-                self._apply_flow(flow)
+        if r.get("flow") is not None and FlowPlan.from_tuple(r["flow"]) != self.flow:
+            self._apply_flow(FlowPlan.from_tuple(r["flow"]))
         if self.planner and r.get("planner"):
             self.planner.load_state_dict(r["planner"])
             run_state = r.get("planner_run") or {}
@@ -441,9 +431,10 @@ class OnPolicyRunner:
         else:
             reason = "verify"
         short = pl.shortlist(cfg.planner.verify)
-        unverified = [p.plan for p in short if p.plan not in self.verified and pl.measured(p.plan) is None]
-        if reason == "drift":  # measurements from before the drift no longer count
-            unverified = [p.plan for p in short if p.plan != self.flow][: max(0, cfg.planner.verify - 1)]
+        if reason == "drift":  # measurements from before the drift no longer settle the choice
+            unverified = [p.plan for p in short if p.plan != self.flow]
+        else:
+            unverified = [p.plan for p in short if p.plan not in self.verified and pl.measured(p.plan) is None]
         if unverified:
             self.verified.add(unverified[0])
             self.prediction = None
@@ -471,9 +462,11 @@ class OnPolicyRunner:
 
     def _iteration(self, metrics: MetricsWriter, trace: Trace, progress: Progress) -> dict:
         cfg = self.cfg
-        record_events = self.iteration < cfg.run.trace_iterations
-        self.env.run("configure", record_events=record_events)
-        self.rollout.run("configure", record_events)
+        recording = self.iteration < cfg.run.trace_iterations
+        if recording != self.recording:  # a call per group only when it changes
+            self.recording = recording
+            self.env.run("configure", record_events=recording)
+            self.rollout.run("configure", recording)
         t0 = time.perf_counter()
         if self.spec.episodic_groups:
             h_env = self.env.call("collect_episodes", cfg.train.rollout_steps, self.version, cfg.algorithm.group_size)
@@ -584,21 +577,13 @@ class OnPolicyRunner:
     def _write_config(self) -> None:
         cfg = OmegaConf.to_container(self.cfg)
         cfg["placement"]["derived"] = {**self.plan.as_dict(), "flow": self.flow.as_dict()}
-        path = self.run_dir / "config.yaml"
-        tmp = path.with_suffix(".yaml.tmp")
-        tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)), encoding="utf-8")
-        tmp.replace(path)
+        write_text_atomic(self.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(cfg)))
 
     def shutdown(self) -> None:
         if self.plan_log:
-            path = self.run_dir / "plans.json"
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(self.plan_log, indent=1), encoding="utf-8")
-            tmp.replace(path)
+            write_text_atomic(self.run_dir / "plans.json", json.dumps(self.plan_log, indent=1))
         for g in reversed(self.groups):
-            if not g.owns_hosts:
-                continue
-            g.shutdown()
+            g.shutdown()  # a group living in another group's processes leaves them to their owner
         self.groups = []
         for ch in self.channels:
             try:
@@ -618,7 +603,3 @@ def _physical_cores(cluster: Cluster) -> int:
         cores = min(cores, os.cpu_count() or cores)
     return int(cores)
 
-
-def _parse_slot(text: str) -> Slot:
-    node, index = text.removeprefix("node").split(":")
-    return Slot(int(node), int(index))

@@ -65,15 +65,22 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return out
 
 
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Writes ``text`` to a temporary file beside ``path`` and renames it over ``path``: a reader
+    (or a crash) never sees a half-written file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def truncate_metrics(run_dir: str | Path, last_iteration: int) -> None:
     """Keeps only lines up to ``last_iteration`` (resume rewinds to a checkpoint). Atomic."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return
     keep = [r for r in read_metrics(run_dir) if r.get("iteration", 0) <= last_iteration]
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
 class Trace:
@@ -93,9 +100,7 @@ class Trace:
 
     def write(self) -> None:
         meta = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}} for name, tid in self._tids.items()]
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"traceEvents": meta + self.events[-20000:]}), encoding="utf-8")
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, json.dumps({"traceEvents": meta + self.events[-20000:]}))
 
 
 class Progress:

@@ -9,8 +9,8 @@ import time
 import numpy as np
 
 from rlweave.cluster import Peer, Worker
-from rlweave.utils.memory import peak_rss_mb
 from rlweave.envs import VectorEnv
+from rlweave.utils.memory import peak_rss_mb
 from rlweave.workers.channels import ChannelSpec
 
 
@@ -65,9 +65,8 @@ class EnvWorker(Worker):
     def _run(self, num_steps: int, version: int, episodic: np.ndarray | None) -> dict:
         """The decision loop. The envs are split into ``self.micro_batches`` contiguous slices that
         take turns: while the rollout worker computes actions for one slice, this worker steps
-        another (with k = 1 the two strictly alternate). Replies to one env worker come back in
-        the order its requests went out (one FIFO key per env worker), so slice j's reply is the
-        next one after slice j-1's."""
+        another (with k = 1 the two strictly alternate). Each slice has one request in flight; the
+        slices are stepped in order, each as soon as its reply is there."""
         env, n = self.env, self.env.num_envs
         k = self.micro_batches
         slices = [slice(j * n // k, (j + 1) * n // k) for j in range(k)]

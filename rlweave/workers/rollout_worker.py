@@ -23,13 +23,11 @@ class RolloutWorker(Worker):
         observation_space,
         action_space,
         chunk: int,
-        seed: int,
     ):
         self.policy = build_policy(observation_space=observation_space, action_space=action_space, chunk=chunk, **policy_cfg)
         self.policy.to(self.device).eval()  # the slot's GPU when there is one
         self.version = 0
-        self.generator_seed = seed * 7919 + self.rank
-        torch.manual_seed(self.generator_seed)
+        # no RNG of its own: sampling noise comes seeded with each request (see ``infer``)
         self.requests = self.rows = 0
         self.compute_s = 0.0
         self._lock = threading.Lock()
