@@ -9,7 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-RUNNERS = {"onpolicy": "rlweave.runners.onpolicy:OnPolicyRunner"}
+RUNNERS = {
+    "onpolicy": "rlweave.runners.onpolicy:OnPolicyRunner",
+    "offpolicy": "rlweave.runners.offpolicy:OffPolicyRunner",
+}
 
 
 def _runner_class(name: str):
@@ -101,7 +104,7 @@ def cmd_eval(args) -> int:
 
     from rlweave.config import validate
     from rlweave.runners.evaluate import evaluate_policy
-    from rlweave.runners.onpolicy import check_compatible, _policy_kwargs
+    from rlweave.runners.common import check_compatible, policy_kwargs
     from rlweave.models import build_policy
     from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint
 
@@ -113,7 +116,7 @@ def cmd_eval(args) -> int:
     if ckpt is None:
         return _fail(f"{run_dir}: no checkpoint to evaluate")
     obs_space, act_space = check_compatible(cfg)
-    policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk, **_policy_kwargs(cfg))
+    policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk, **policy_kwargs(cfg))
     policy.load_state_dict(load_checkpoint(ckpt)["actor"]["policy"])
     result = evaluate_policy(policy, OmegaConf.to_container(cfg.env), args.episodes, seed=args.seed, gamma=cfg.algorithm.gamma)
     result = {"checkpoint": ckpt.name, "episodes": args.episodes, **result}

@@ -19,6 +19,7 @@ from rlweave.algorithms.losses import (
     total_loss,
     value_loss,
 )
+from rlweave.algorithms.offpolicy import crossq_loss, sac_loss, soft_update
 from rlweave.algorithms.registry import (
     ADVANTAGE_ESTIMATORS,
     ALGORITHM_KINDS,
@@ -45,6 +46,9 @@ __all__ = [
     "entropy_bonus",
     "ppo_loss",
     "total_loss",
+    "sac_loss",
+    "crossq_loss",
+    "soft_update",
     "ADVANTAGE_ESTIMATORS",
     "ALGORITHM_KINDS",
     "ALGORITHMS",

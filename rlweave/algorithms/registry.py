@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from rlweave.algorithms.advantages import gae, group_normalized_advantages
 from rlweave.algorithms.losses import ppo_loss
+from rlweave.algorithms.offpolicy import crossq_loss, sac_loss
 
 __all__ = [
     "ALGORITHM_KINDS",
@@ -49,6 +50,8 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Any]] = {
 
 POLICY_LOSSES: dict[str, Callable[..., Any]] = {
     "ppo": ppo_loss,
+    "sac": sac_loss,
+    "crossq": crossq_loss,
 }
 
 
@@ -72,6 +75,7 @@ class AlgorithmSpec:
         episodic_groups: True when advantages compare whole episodes grouped by reset seed
             (GRPO), so the rollout must run each group to episode end from identical resets.
         description: one line for ``--help`` and docs.
+        target_network: off-policy: the learner keeps a Polyak-averaged copy of the critic.
     """
 
     name: str
@@ -81,6 +85,7 @@ class AlgorithmSpec:
     uses_critic: bool
     episodic_groups: bool
     description: str
+    target_network: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ALGORITHM_KINDS:
@@ -176,5 +181,28 @@ register_algorithm(
         uses_critic=False,
         episodic_groups=True,
         description="GRPO: critic-free, episode scores normalised within groups sharing a reset seed",
+    )
+)
+register_algorithm(
+    AlgorithmSpec(
+        name="sac",
+        kind="off_policy",
+        advantage=None,
+        loss="sac",
+        uses_critic=True,
+        episodic_groups=False,
+        description="SAC: squashed-Gaussian actor, twin critics with a Polyak target, automatic entropy tuning",
+        target_network=True,
+    )
+)
+register_algorithm(
+    AlgorithmSpec(
+        name="crossq",
+        kind="off_policy",
+        advantage=None,
+        loss="crossq",
+        uses_critic=True,
+        episodic_groups=False,
+        description="CrossQ: SAC without a target network; BatchNorm critics see current and next state-actions jointly",
     )
 )

@@ -8,6 +8,7 @@ processes). It is written in the config as a slot expression and a processes-per
         env:     {slots: "0-1"}                    # slots 0 and 1 of node 0
         rollout: {slots: "0-1"}
         actor:   {slots: "node0:0,node1:0-3", procs_per_slot: 1}
+        learner: {slots: "0", threads: 2}             # torch threads per process (default: 1 per CPU slot)
 
 Slot expression: comma-separated items ``[nodeN:]A[-B]`` or ``all``; slots are a node's GPUs when
 the cluster has GPUs, else its CPUs. The *mode* is derived, never declared twice: identical slot
@@ -43,6 +44,7 @@ class Slot:
 class GroupPlacement:
     name: str
     slots: list[Slot]  # one per worker process, rank order
+    threads: int | None = None  # torch threads per process; None = the slot's share of cores
 
     @property
     def num_workers(self) -> int:
@@ -208,7 +210,10 @@ def make_plan(
         k = int(spec.get("procs_per_slot", 1))
         if k < 1:
             raise PlacementError(f"{key}.procs_per_slot: must be >= 1, got {k}")
-        groups[name] = GroupPlacement(name, [s for s in slots for _ in range(k)])
+        threads = spec.get("threads")
+        if threads is not None and int(threads) < 1:
+            raise PlacementError(f"{key}.threads: must be >= 1, got {threads}")
+        groups[name] = GroupPlacement(name, [s for s in slots for _ in range(k)], None if threads is None else int(threads))
 
     plan = Plan(groups={g: groups[g] for g in workers}, slot_kind=cluster.slot_kind)
     if not oversubscribe:

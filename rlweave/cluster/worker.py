@@ -133,17 +133,29 @@ def _bind(cls: type, ctx: WorkerContext, args: tuple, kwargs: dict) -> Any:
     return obj
 
 
+def _flush_denormals() -> None:
+    """Denormal floats (|x| < 1.2e-38) are flushed to zero on the calling thread, as XLA does on
+    CPU. Optimiser state of weights whose gradients are zero (dead ReLU units) decays through the
+    denormal range for thousands of steps, and x86 arithmetic on denormals is ~10x slower: with
+    them, fused Adam took 0.74 ms per step instead of 0.17 ms in SAC. The flag is per thread, and
+    OpenMP threads copy it from the thread that starts them, so it is set at the start of every call,
+    before any parallel region of that thread."""
+    torch.set_flush_denormal(True)
+
+
 class _HostBase:
     """Holds the worker objects of one process and runs method calls on them."""
 
     def __init__(self, env_vars: dict[str, str], num_threads: int):
         os.environ.update(env_vars)
+        _flush_denormals()
         torch.set_num_threads(max(1, num_threads))
         self.workers: dict[str, Any] = {}
         self.contexts: dict[str, WorkerContext] = {}
 
     def add_worker(self, group: str, cls: type, ctx: WorkerContext, args: tuple, kwargs: dict) -> tuple[None, float]:
         start = time.perf_counter()
+        _flush_denormals()
         try:
             self.contexts[group] = ctx
             self.workers[group] = _bind(cls, ctx, args, kwargs)
@@ -167,6 +179,7 @@ class _HostBase:
     def run(self, group: str, method: str, args: tuple, kwargs: dict) -> tuple[Any, float]:
         ctx = self.contexts[group]
         start = time.perf_counter()
+        _flush_denormals()
         try:
             fn = getattr(self.workers[group], method)
             result = fn(*args, **kwargs)
@@ -451,11 +464,13 @@ class WorkerGroup:
             world_size=placement.num_workers,
             slot=slot,
             slot_kind=self.cluster.slot_kind,
-            num_threads=self._threads_for(slot),
+            num_threads=self._threads_for(slot, placement),
             local=self.local,
         )
 
-    def _threads_for(self, slot: Slot) -> int:
+    def _threads_for(self, slot: Slot, placement: GroupPlacement | None = None) -> int:
+        if placement is not None and placement.threads is not None:
+            return placement.threads  # asked for in the config (e.g. a learner whose env peer is mostly idle)
         if self.cluster.slot_kind == "cpu":
             return 1  # a CPU slot is one core
         node = self.cluster.nodes[slot.node]
@@ -465,7 +480,7 @@ class WorkerGroup:
         env_vars: dict[str, str] = {}
         if self.cluster.slot_kind == "gpu":
             env_vars["CUDA_VISIBLE_DEVICES"] = str(slot.index)
-        threads = self._threads_for(slot)
+        threads = self._threads_for(slot, placement)
         env_vars["OMP_NUM_THREADS"] = str(threads)
         if self.local:
             return _LocalHost(env_vars, threads)

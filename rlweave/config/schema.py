@@ -37,6 +37,7 @@ class ClusterConfig:
 class GroupSlotsConfig:
     slots: str = ""
     procs_per_slot: int = positive(1)
+    threads: Optional[int] = field(default=None, metadata={"min": 1})  # torch threads per process
 
 
 @dataclass
@@ -89,7 +90,7 @@ class ActorConfig:
 
 @dataclass
 class PolicyConfig:
-    name: str = choice("mlp", "mlp", "cnn")
+    name: str = choice("mlp", "mlp", "cnn", "squashed_mlp")
     hidden: List[int] = field(default_factory=lambda: [64, 64])
     activation: str = choice("tanh", "tanh", "relu")
     normalize_obs: bool = False
@@ -116,6 +117,36 @@ class AlgorithmConfig:
     max_grad_norm: float = non_negative(0.5)
     norm_adv: bool = True
     group_size: int = positive(8)  # GRPO: episodes that share a reset seed
+    # off-policy (SAC, CrossQ, ...)
+    batch_size: int = positive(256)
+    utd_ratio: float = field(default=1.0, metadata={"min": 0})  # gradient updates per env step
+    learning_starts: int = non_negative(100)  # env steps of uniform random actions before learning
+    tau: float = field(default=0.005, metadata={"min": 0, "max": 1})  # Polyak rate of the target critic
+    policy_delay: int = positive(1)  # actor (and temperature) updated every k critic updates
+    n_step: int = positive(1)
+    alpha_init: float = field(default=1.0, metadata={"min": 1e-8})
+    autotune_alpha: bool = True
+    target_entropy: Optional[float] = None  # default: -action_dim
+    actor_lr: Optional[float] = field(default=None, metadata={"min": 0})  # default: lr
+    critic_lr: Optional[float] = field(default=None, metadata={"min": 0})
+    alpha_lr: Optional[float] = field(default=None, metadata={"min": 0})
+    adam_betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+
+
+@dataclass
+class CriticConfig:
+    """Off-policy critics: an ensemble of Q-networks."""
+
+    hidden: List[int] = field(default_factory=lambda: [256, 256])
+    num_q: int = positive(2)
+    activation: str = choice("relu", "relu", "tanh")
+    norm: str = choice("none", "none", "layer", "batch")  # LayerNorm (RLPD) or BatchNorm (CrossQ)
+    bn_momentum: float = field(default=0.01, metadata={"min": 0, "max": 1})
+
+
+@dataclass
+class ReplayConfig:
+    capacity: int = positive(1_000_000)  # transitions per source
 
 
 @dataclass
@@ -125,6 +156,11 @@ class TrainConfig:
     eval_every: int = non_negative(10)  # iterations; 0 = never
     eval_episodes: int = positive(10)
     checkpoint_every: int = non_negative(25)  # iterations; 0 = only at the end
+    # off-policy: the learner trains while env workers collect. A transition may reach the learner
+    # at most max_staleness policy versions after the one that acted (0 = collect, then train);
+    # rollout weights are refreshed every sync_every iterations.
+    max_staleness: int = non_negative(1)
+    sync_every: int = positive(1)
     keep_checkpoints: int = positive(3)
 
 
@@ -142,7 +178,7 @@ class Config:
     recipe: str = ""
     description: str = ""
     seed: int = non_negative(0)
-    runner: str = choice("onpolicy", "onpolicy")
+    runner: str = choice("onpolicy", "onpolicy", "offpolicy")
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
@@ -151,5 +187,7 @@ class Config:
     actor: ActorConfig = field(default_factory=ActorConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     run: RunConfig = field(default_factory=RunConfig)

@@ -1,5 +1,6 @@
-"""Models: the policy contract, MLP/CNN policies, observation normalisation, and the registry."""
+"""Models: the policy contract, MLP/CNN policies, off-policy actor and critic ensembles, observation normalisation, and the registry."""
 from .normalizer import RunningMeanStd
+from .offpolicy import QEnsemble, SquashedGaussianPolicy
 from .policies import ACTIVATIONS, CNNPolicy, MLPPolicy, Policy, flat_params_checksum
 from .registry import POLICIES, SpaceMismatchError, build_policy, register_policy
 
@@ -8,6 +9,8 @@ __all__ = [
     "CNNPolicy",
     "MLPPolicy",
     "POLICIES",
+    "QEnsemble",
+    "SquashedGaussianPolicy",
     "Policy",
     "RunningMeanStd",
     "SpaceMismatchError",

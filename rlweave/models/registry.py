@@ -12,6 +12,7 @@ from typing import Callable
 import gymnasium as gym
 import numpy as np
 
+from .offpolicy import SquashedGaussianPolicy
 from .policies import CNNPolicy, MLPPolicy, Policy
 
 __all__ = ["POLICIES", "SpaceMismatchError", "register_policy", "build_policy"]
@@ -43,7 +44,18 @@ def _build_cnn(observation_space, action_space, **kwargs) -> CNNPolicy:
     return CNNPolicy(tuple(observation_space.shape), action_space, **kwargs)
 
 
-POLICIES: dict[str, Callable[..., Policy]] = {"mlp": _build_mlp, "cnn": _build_cnn}
+def _build_squashed_mlp(observation_space, action_space, critic: bool = False, **kwargs) -> SquashedGaussianPolicy:
+    if not (isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 1):
+        raise SpaceMismatchError(f"needs a 1-D Box observation space, got {observation_space}")
+    if not (isinstance(action_space, gym.spaces.Box) and np.all(np.isfinite(action_space.low))
+            and np.all(np.isfinite(action_space.high))):
+        raise SpaceMismatchError(f"needs a bounded Box action space, got {action_space}")
+    if critic:
+        raise SpaceMismatchError("has no value head (its critics live with the off-policy learner), got critic=True")
+    return SquashedGaussianPolicy(int(observation_space.shape[0]), action_space, **kwargs)
+
+
+POLICIES: dict[str, Callable[..., Policy]] = {"mlp": _build_mlp, "cnn": _build_cnn, "squashed_mlp": _build_squashed_mlp}
 
 
 def register_policy(name: str, builder: Callable[..., Policy] | None = None):

@@ -36,6 +36,7 @@ from rlweave.envs import space_info
 from rlweave.flow import FlowPlan, Measurement, Planner, Prediction, plan_from_groups
 from rlweave.flow.profile import measure_stage_costs
 from rlweave.models import build_policy
+from rlweave.runners.common import check_compatible, plan_placement, policy_kwargs
 from rlweave.runners.evaluate import evaluate_policy
 from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace, truncate_metrics, write_text_atomic
@@ -46,68 +47,6 @@ from rlweave.workers.rollout_worker import RolloutWorker
 from rlweave.workers.weights import resolve_buckets, unpack_into
 
 
-def check_compatible(cfg: DictConfig):
-    """Checks what the schema cannot (cross-field rules, env and policy fit) before any worker
-    starts. Returns the env's (observation_space, action_space)."""
-    try:
-        spec = get_algorithm(cfg.algorithm.name)
-    except KeyError as e:
-        raise ConfigError(f"algorithm.name: {e.args[0]}") from None
-    if cfg.env.num_workers % cfg.actor.num_workers:
-        raise ConfigError(
-            f"actor.num_workers: {cfg.actor.num_workers} must divide env.num_workers ({cfg.env.num_workers}) "
-            "so every actor rank trains on the same amount of data"
-        )
-    if spec.episodic_groups and cfg.env.num_envs % cfg.algorithm.group_size:
-        raise ConfigError(
-            f"algorithm.group_size: {cfg.algorithm.group_size} must divide env.num_envs ({cfg.env.num_envs})"
-        )
-    env_cfg = OmegaConf.to_container(cfg.env)
-    try:
-        obs_space, act_space = space_info(cfg.env.id, env_cfg["pixels"], env_cfg["kwargs"])
-    except Exception as e:  # noqa: BLE001 - any failure to build the env is a config problem here
-        raise ConfigError(f"env.id: cannot make '{cfg.env.id}': {str(e).splitlines()[0]}") from None
-    try:
-        build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk, **_policy_kwargs(cfg))
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"policy.name: {str(e).splitlines()[0]}") from None
-    return obs_space, act_space
-
-
-def plan_placement(cfg: DictConfig, cluster: Cluster):
-    """The placement plan of the env/rollout/actor groups on ``cluster`` (PlacementError if bad).
-    Under ``placement.mode=auto`` this is the starting layout: the planner's first profiling plan
-    for env and rollout, the actor on the first slots (it trains between collections)."""
-    explicit = {k: OmegaConf.to_container(v) for k, v in cfg.placement.groups.items()}
-    workers = {"env": cfg.env.num_workers, "rollout": cfg.rollout.num_workers, "actor": cfg.actor.num_workers}
-    mode = cfg.placement.mode
-    if mode == "auto":
-        if set(explicit) & {"env", "rollout"}:
-            raise PlacementError("placement.groups: env and rollout slots are the planner's to choose under placement.mode=auto")
-        workers["env"] = workers["rollout"] = 1
-        explicit.setdefault("actor", {"slots": f"0-{min(cluster.num_slots, cfg.actor.num_workers) - 1}"})
-        mode = "collocated"
-    plan = make_plan(cluster, workers, mode, explicit, cfg.placement.oversubscribe)
-    n_env, n_roll, n_act = (plan.groups[g].num_workers for g in ("env", "rollout", "actor"))
-    if n_env % n_act:
-        raise PlacementError(f"placement.groups.actor: {n_act} actor ranks must divide {n_env} env workers")
-    if n_env % n_roll:
-        raise PlacementError(f"placement.groups.rollout: {n_roll} rollout workers must divide {n_env} env workers")
-    return plan
-
-
-def _policy_kwargs(cfg: DictConfig) -> dict:
-    p = OmegaConf.to_container(cfg.policy)
-    name = p.pop("name")
-    kwargs: dict = {"name": name, "critic": get_algorithm(cfg.algorithm.name).uses_critic}
-    if name == "mlp":
-        kwargs.update(hidden=tuple(p["hidden"]), activation=p["activation"], normalize_obs=p["normalize_obs"],
-                      log_std_init=p["log_std_init"], ortho_init=p["ortho_init"])
-    else:
-        kwargs.update(log_std_init=p["log_std_init"])
-    return kwargs
-
-
 def offline_planner(cfg: DictConfig, cluster: Cluster) -> Planner:
     """A planner for ``cfg`` on ``cluster``'s slots with stage costs measured offline (no training):
     what ``rlweave plan`` ranks."""
@@ -115,7 +54,7 @@ def offline_planner(cfg: DictConfig, cluster: Cluster) -> Planner:
     total = cfg.env.num_workers * cfg.env.num_envs
     obs_space, act_space = check_compatible(cfg)
     torch.manual_seed(cfg.seed)
-    policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk, **_policy_kwargs(cfg))
+    policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk, **policy_kwargs(cfg))
     policy.eval()
     planner = Planner(
         slots=cluster.slots(),
@@ -187,7 +126,7 @@ class OnPolicyRunner:
         self.traj_spec = ChannelSpec(f"{run_id}/trajectories", local=self.cluster.local)
         if not self.traj_spec.local:
             self.channels.append(Channel.create(self.traj_spec.name))
-        self.pkw = _policy_kwargs(cfg)
+        self.pkw = policy_kwargs(cfg)
         self.actor = WorkerGroup(
             ActorWorker, plan.groups["actor"], self.cluster,
             args=(OmegaConf.to_container(cfg.algorithm), self.pkw, self.obs_space, self.act_space, cfg.env.chunk,

@@ -12,6 +12,7 @@ from rlweave.cluster import Peer, Worker
 from rlweave.envs import VectorEnv
 from rlweave.utils.memory import peak_rss_mb
 from rlweave.workers.channels import ChannelSpec
+from rlweave.workers.replay import NStepWriter
 
 
 class EnvWorker(Worker):
@@ -46,6 +47,9 @@ class EnvWorker(Worker):
         self.traj_ch = trajectory_channel.open()
         self.micro_batches = 1
         self.record_events = False
+        self.gamma = gamma
+        self.writer: NStepWriter | None = None  # off-policy: n-step transitions, made on first use
+        self.random_rng = np.random.default_rng([seed, self.rank, 7])  # warm-up actions
 
     # -- the two ways of collecting ------------------------------------------------------------
     def collect(self, num_steps: int, version: int) -> dict:
@@ -164,7 +168,59 @@ class EnvWorker(Worker):
             "events": events,
         }
 
-    def _request(self, obs: np.ndarray, envs: slice, version: int, t: int):
+    def collect_transitions(self, num_steps: int, n_step: int = 1, random_actions: bool = False) -> dict:
+        """Off-policy collection: ``num_steps`` decisions on every env with the rollout worker's
+        current policy (or uniform random actions: the warm-up before learning starts), written as
+        n-step transitions to this worker's replay shard through the transition channel (one item
+        per call). Each transition carries the policy version that acted."""
+        env, n = self.env, self.env.num_envs
+        if self.writer is None:
+            self.writer = NStepWriter(n_step, self.gamma ** env.chunk, n)
+        space = env.single_action_space
+        obs = env.obs
+        start_steps, start_dropped = env.steps, env.dropped_episodes
+        t_env = t_wait = t_infer = 0.0
+        versions: set[int] = set()
+        for t in range(num_steps):
+            w0 = time.perf_counter()
+            if random_actions:
+                action = self.random_rng.uniform(space.low, space.high, size=(n, env.chunk, *space.shape)).astype(space.dtype)
+                version = -1  # no policy acted
+            else:
+                reply, _ = self.rollout.result(self._request(obs, slice(0, n), None, t))
+                action, version = reply["action"], int(reply["version"])
+                t_infer += reply["compute_s"]
+            versions.add(version)
+            w1 = time.perf_counter()
+            res = env.step(action)
+            next_obs = res.obs.copy()
+            for i, o in res.final_obs.items():
+                next_obs[i] = o  # a truncated episode bootstraps from where it stopped
+            done = res.terminated | res.truncated
+            self.writer.add(obs, action.reshape(n, -1), res.reward, next_obs, res.terminated | res.dropped, done | res.dropped, version)
+            obs = res.obs
+            t_wait += w1 - w0
+            t_env += time.perf_counter() - w1
+        self.decisions += num_steps
+        batch = self.writer.pop()
+        t_put = time.perf_counter()
+        self.traj_ch.put({"transitions": batch, "env_rank": self.rank}, key=self.actor_rank, version=max(versions), weight=1.0)
+        t_put = time.perf_counter() - t_put
+        return {
+            "env_rank": self.rank,
+            "env_steps": env.steps - start_steps,
+            "transitions": 0 if batch is None else len(batch["reward"]),
+            "versions": sorted(versions),
+            "episodes": env.episode_stats(),
+            "dropped_episodes": env.dropped_episodes - start_dropped,
+            "time_env": t_env,
+            "time_wait_action": t_wait,
+            "time_infer": t_infer,
+            "time_put": t_put,
+            "peak_rss_mb": peak_rss_mb(),
+        }
+
+    def _request(self, obs: np.ndarray, envs: slice, version: int | None, t: int):
         """Asks the rollout worker for the actions of envs ``envs`` at decision ``t``. The sampling
         noise is seeded by (seed, env rank, decision), so the actions do not depend on the
         micro-batch split or on which rollout replica answers."""
@@ -200,12 +256,19 @@ class EnvWorker(Worker):
 
     # -- evaluation ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {**self.env.state_dict(), "decisions": self.decisions, "seed": self.seed}
+        return {**self.env.state_dict(), "decisions": self.decisions, "seed": self.seed,
+                "writer": self.writer.state_dict() if self.writer else None,
+                "random_rng": self.random_rng.bit_generator.state}
 
     def load_state_dict(self, state: dict) -> None:
         self.env.load_state_dict(state)
         self.decisions = state.get("decisions", 0)
         self.seed = state.get("seed", self.seed)
+        if state.get("writer") is not None:
+            self.writer = NStepWriter(state["writer"].get("n", 1), self.gamma ** self.env.chunk, self.env.num_envs)
+            self.writer.load_state_dict(state["writer"])
+        if "random_rng" in state:
+            self.random_rng.bit_generator.state = state["random_rng"]
 
     def spaces(self):
         return self.env.single_observation_space, self.env.single_action_space

@@ -37,11 +37,13 @@ class RolloutWorker(Worker):
         self.shapes = {name: p.shape for name, p in self.policy.named_parameters()}
         self.float_obs = not (hasattr(observation_space, "dtype") and observation_space.dtype == np.uint8)
 
-    def infer(self, obs: np.ndarray, version: int, noise_seed: int, rows: tuple[int, int, int]) -> dict:
+    def infer(self, obs: np.ndarray, version: int | None, noise_seed: int, rows: tuple[int, int, int]) -> dict:
         """Actions, log-probs and values for one request. ``rows = (lo, hi, n)``: the request holds
         rows lo..hi of its env worker's n envs, and uses those rows of the noise drawn for all n
-        from ``noise_seed`` (so a micro-batch gets exactly the actions the whole batch would)."""
-        if version != self.version:
+        from ``noise_seed`` (so a micro-batch gets exactly the actions the whole batch would).
+        ``version``: the policy version the caller needs (on-policy), or None for whatever this
+        replica holds (off-policy); the reply says which version answered."""
+        if version is not None and version != self.version:
             raise RuntimeError(
                 f"on-policy check failed: rollout holds policy version {self.version}, asked for version {version}"
             )
@@ -62,7 +64,8 @@ class RolloutWorker(Worker):
             self.compute_s += spent
             if self.record_events:
                 self.events.append((f"infer {hi - lo} rows", t0, spent))
-        return {"action": action.numpy(), "log_prob": log_prob.numpy(), "value": value.numpy(), "compute_s": spent}
+        return {"action": action.numpy(), "log_prob": log_prob.numpy(), "value": value.numpy(), "compute_s": spent,
+                "version": self.version}
 
     def stats(self) -> dict:
         """Requests and rows answered since the last call, recorded events, peak memory."""

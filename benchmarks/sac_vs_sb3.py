@@ -1,0 +1,188 @@
+"""SAC env-steps/s and gradient updates/s: rlweave against Stable-Baselines3, the same work, one run.
+
+Both sides train SAC from scratch on Pendulum-v1 with the SB3-zoo settings: 1 env, 256x256 ReLU
+actor and twin critics, batch 256, Adam lr 1e-3, gamma 0.99, tau 0.005, automatic entropy tuning
+(initial alpha 1, target entropy -1), 100 random steps before learning, then one gradient update per
+env step (SB3 ``train_freq=1, gradient_steps=1``; rlweave ``algorithm.utd_ratio=1``), no evaluation.
+
+Headline, per side, over the steady part of the run (env steps ``--skip`` .. ``--steps``, learning
+is on throughout): env steps/s and gradient updates/s of the *full loop* (collection + training +
+weight sync), and the ratios rlweave / SB3. The two sides do the same number of updates per env
+step, so both ratios are close; both are reported.
+
+  rlweave  sums ``time/iteration`` of the iterations whose steps lie in the window (metrics.jsonl).
+           Env and its rollout replica share one process on CPU slot 1; the learner owns slot 0 and
+           trains while the env collects (the asynchronous runner, ``train.max_staleness=1``).
+  SB3      a callback stamps the wall clock when ``num_timesteps`` crosses ``--skip`` and at the
+           end of ``learn()``; one process, torch's default threads (2 here).
+
+Order: a warm-up run of each side (discarded), then ``--repeats`` interleaved pairs; per side the
+median, and the median / min / max of the per-pair ratios.
+
+    rlweave bench sac-vs-sb3 [--json FILE] [--steps N] [--skip N] [--repeats R]
+    python benchmarks/sac_vs_sb3.py [same flags]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_ADDRESS", "local")  # always an embedded Ray of its own
+
+_HERE = Path(__file__).resolve().parent
+
+
+def _load_common():
+    name = "rlweave_bench__common"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, _HERE / "_common.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+C = _load_common()
+
+ENV_ID = "Pendulum-v1"
+HIDDEN = [256, 256]
+BATCH = 256
+LR = 1e-3
+GAMMA = 0.99
+TAU = 0.005
+LEARNING_STARTS = 100
+ROLLOUT_STEPS = 32  # rlweave: decisions per iteration (weights reach the rollout every 32 steps)
+
+
+def rlweave_overrides(steps: int, seed: int, run_dir: str) -> list[str]:
+    """Every setting that defines the work, pinned (a recipe change cannot change the comparison)."""
+    return [
+        f"run.dir={run_dir}", "run.progress=false", "run.tensorboard=false",
+        "train.eval_every=0", "train.checkpoint_every=0", f"train.total_env_steps={steps}",
+        f"train.rollout_steps={ROLLOUT_STEPS}", "train.max_staleness=1", "train.sync_every=1",
+        f"env.id={ENV_ID}", "env.num_workers=1", "env.num_envs=1", "env.chunk=1", "env.normalize_reward=false",
+        "policy.name=squashed_mlp", f"policy.hidden={HIDDEN}", "policy.activation=relu",
+        f"critic.hidden={HIDDEN}", "critic.num_q=2", "critic.norm=none",
+        "algorithm.name=sac", f"algorithm.lr={LR}", f"algorithm.gamma={GAMMA}", f"algorithm.tau={TAU}",
+        f"algorithm.batch_size={BATCH}", "algorithm.utd_ratio=1.0", f"algorithm.learning_starts={LEARNING_STARTS}",
+        "algorithm.n_step=1", "algorithm.policy_delay=1", "algorithm.alpha_init=1.0", "algorithm.autotune_alpha=true",
+        f"seed={seed}",
+    ]
+
+
+def settings() -> dict:
+    common = {
+        "env": f"{ENV_ID}, 1 env", "network": f"actor {HIDDEN} relu, 2 critics {HIDDEN} relu", "batch": BATCH,
+        "optimiser": f"Adam lr {LR}", "gamma / tau": f"{GAMMA} / {TAU}", "entropy": "auto (alpha0 1, target -1)",
+        "random steps": LEARNING_STARTS, "updates per env step": 1, "evaluation": "off", "dtype / device": "float32 / cpu",
+    }
+    return {
+        "rlweave": {**common, "processes": "driver + env/rollout process (slot 1) + learner process (slot 0)",
+                    "torch threads": "1 per worker process", "weights to rollout": f"every {ROLLOUT_STEPS} env steps"},
+        "sb3": {**common, "processes": "1", "torch threads": "torch default (2)", "weights to rollout": "same process"},
+    }
+
+
+def run_rlweave(steps: int, skip: int, seed: int) -> dict:
+    from rlweave.config import load_config
+    from rlweave.runners.offpolicy import OffPolicyRunner
+
+    with tempfile.TemporaryDirectory(prefix="bench-sac-rlweave-") as run_dir:
+        cfg = load_config("sac-pendulum", rlweave_overrides(steps, seed, run_dir))
+        OffPolicyRunner(cfg, run_dir).run()
+        records = [json.loads(line) for line in Path(run_dir, "metrics.jsonl").read_text().splitlines() if line.strip()]
+    prev = 0
+    window = []
+    for r in records:
+        if prev >= skip:
+            window.append((r["env_steps"] - prev, r["samples/updates"], r["time/iteration"]))
+        prev = r["env_steps"]
+    env_steps = sum(w[0] for w in window)
+    updates = sum(w[1] for w in window)
+    seconds = sum(w[2] for w in window)
+    return {"steps_per_s": env_steps / seconds, "updates_per_s": updates / seconds, "env_steps": env_steps,
+            "updates": updates, "seconds": seconds,
+            "actor_s_per_update": C.median([r["time/actor"] / max(1, r["samples/updates"]) for r in records[5:]])}
+
+
+def run_sb3(steps: int, skip: int, seed: int) -> dict:
+    import gymnasium as gym
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Window(BaseCallback):
+        def __init__(self):
+            super().__init__(verbose=0)
+            self.t_skip = None
+            self.updates_at_skip = 0
+
+        def _on_step(self) -> bool:
+            if self.t_skip is None and self.model.num_timesteps >= skip:
+                self.t_skip = time.perf_counter()
+                self.updates_at_skip = self.model._n_updates
+            return True
+
+    env = gym.make(ENV_ID)
+    model = SAC("MlpPolicy", env, learning_rate=LR, buffer_size=1_000_000, learning_starts=LEARNING_STARTS,
+                batch_size=BATCH, tau=TAU, gamma=GAMMA, train_freq=1, gradient_steps=1, ent_coef="auto",
+                policy_kwargs={"net_arch": HIDDEN}, seed=seed, device="cpu", verbose=0)
+    cb = Window()
+    model.learn(steps, callback=cb)
+    seconds = time.perf_counter() - cb.t_skip
+    env_steps = model.num_timesteps - skip
+    updates = model._n_updates - cb.updates_at_skip
+    return {"steps_per_s": env_steps / seconds, "updates_per_s": updates / seconds, "env_steps": env_steps,
+            "updates": updates, "seconds": seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", default=None)
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--skip", type=int, default=600, help="env steps left out at the start (start-up, warm-up)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.skip <= LEARNING_STARTS or args.skip >= args.steps:
+        p.error(f"--skip must lie between the {LEARNING_STARTS} random steps and --steps")
+    C.print_settings("SAC: rlweave vs Stable-Baselines3 (same work)", settings(), {"window": f"env steps {args.skip}..{args.steps}"})
+
+    def fmt(side, r):
+        return f"{r['steps_per_s']:.1f} env steps/s, {r['updates_per_s']:.1f} updates/s"
+
+    warm, res = C.interleave(
+        {"rlweave": lambda: run_rlweave(args.steps, args.skip, args.seed), "sb3": lambda: run_sb3(args.steps, args.skip, args.seed)},
+        args.repeats, describe=fmt,
+    )
+    rw, sb = res["rlweave"], res["sb3"]
+    steps_ratio = C.ratio_stats([r["steps_per_s"] for r in rw], [r["steps_per_s"] for r in sb])
+    upd_ratio = C.ratio_stats([r["updates_per_s"] for r in rw], [r["updates_per_s"] for r in sb])
+    out = {
+        "benchmark": "sac-vs-sb3",
+        "ratio": steps_ratio["median"],
+        "ratio_env_steps_per_s": steps_ratio,
+        "ratio_updates_per_s": upd_ratio,
+        "rlweave": {"env_steps_per_s": C.median([r["steps_per_s"] for r in rw]), "updates_per_s": C.median([r["updates_per_s"] for r in rw]),
+                    "learner_s_per_update": C.median([r["actor_s_per_update"] for r in rw]), "runs": rw},
+        "sb3": {"env_steps_per_s": C.median([r["steps_per_s"] for r in sb]), "updates_per_s": C.median([r["updates_per_s"] for r in sb]), "runs": sb},
+        "settings": settings(),
+        "window": [args.skip, args.steps],
+        "environment": C.environment_info(),
+    }
+    print(f"rlweave: {out['rlweave']['env_steps_per_s']:.1f} env steps/s, {out['rlweave']['updates_per_s']:.1f} updates/s")
+    print(f"SB3:     {out['sb3']['env_steps_per_s']:.1f} env steps/s, {out['sb3']['updates_per_s']:.1f} updates/s")
+    print(f"ratio env steps/s: {C.fmt_ratio(steps_ratio)}   ratio updates/s: {C.fmt_ratio(upd_ratio)}   (target >= 1.5)")
+    C.write_json(args.json, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

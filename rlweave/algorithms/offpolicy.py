@@ -1,0 +1,108 @@
+"""Off-policy actor-critic losses: SAC and CrossQ (RLPD reuses SAC's with a LayerNorm ensemble).
+
+Same convention as :mod:`rlweave.algorithms.losses`: a loss returns a dict whose ``loss_*`` terms
+are differentiable scalars and whose other entries are detached diagnostics. The terms are built
+so that their gradients touch disjoint parameters, which lets a learner take *one* backward pass
+over their sum and one optimiser step:
+
+* ``loss_qvalue`` trains the critic (targets are computed without gradient);
+* ``loss_actor`` trains the actor through the critic used as a constant function
+  (``critic(..., detach=True)``): no critic gradient is computed for it;
+* ``loss_alpha`` trains the temperature ``log_alpha`` against detached log-probs.
+
+Compared with SB3's SAC, which steps alpha, then the critic, then computes the actor loss on the
+updated critic, the actor here sees the critic from before this step's update (one step apart, as
+in several JAX implementations); everything else (min over critics, target entropy, SB3's
+0.5-weighted sum of per-critic MSEs) matches.
+
+Batches come from the replay buffer with ``discount = gamma**k * (1 - terminated)`` already folded
+in for k-step returns (``k`` <= n), so the losses know nothing about n-step or episode ends.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["sac_loss", "crossq_loss", "soft_update"]
+
+
+def _alpha_terms(out: dict, log_alpha: Tensor, log_prob: Tensor, target_entropy: float, autotune: bool) -> None:
+    if autotune:
+        out["loss_alpha"] = -(log_alpha * (log_prob.detach() + target_entropy)).mean()
+    out["entropy"] = -log_prob.detach().mean()
+
+
+def sac_loss(
+    batch: dict[str, Tensor],
+    actor,
+    critic,
+    target_critic,
+    log_alpha: Tensor,
+    target_entropy: float,
+    update_actor: bool = True,
+    autotune_alpha: bool = True,
+) -> dict[str, Tensor]:
+    """Soft actor-critic (Haarnoja et al. 2018, with automatic entropy tuning).
+
+    ``batch``: ``obs`` [B, O], ``action`` [B, A], ``reward`` [B], ``next_obs`` [B, O],
+    ``discount`` [B]. ``critic`` / ``target_critic``: :class:`~rlweave.models.QEnsemble`
+    (``[E, B]`` outputs); the target is the minimum over the target ensemble."""
+    obs, next_obs = batch["obs"], batch["next_obs"]
+    alpha = log_alpha.detach().exp()
+    with torch.no_grad():
+        next_action, next_log_prob = actor.sample(next_obs)
+        next_q = target_critic(next_obs, next_action).min(0).values - alpha * next_log_prob
+        target = batch["reward"] + batch["discount"] * next_q
+    q = critic(obs, batch["action"])
+    out: dict[str, Tensor] = {"loss_qvalue": 0.5 * (q - target).square().mean(1).sum()}
+    out["q_mean"] = q.detach().mean()
+    if update_actor:
+        action, log_prob = actor.sample(obs)
+        q_pi = critic(obs, action, detach=True).min(0).values
+        out["loss_actor"] = (alpha * log_prob - q_pi).mean()
+        _alpha_terms(out, log_alpha, log_prob, target_entropy, autotune_alpha)
+    out["alpha"] = alpha
+    return out
+
+
+def crossq_loss(
+    batch: dict[str, Tensor],
+    actor,
+    critic,
+    target_critic,
+    log_alpha: Tensor,
+    target_entropy: float,
+    update_actor: bool = True,
+    autotune_alpha: bool = True,
+) -> dict[str, Tensor]:
+    """CrossQ (Bhatt et al. 2024): no target network; the critic (with BatchNorm) sees the
+    current and the next state-actions in *one* forward pass, so both are normalised with the same
+    batch statistics, and the next-state values (detached) serve as the target. The actor's loss
+    uses the critic with its running statistics. ``target_critic`` is ignored."""
+    obs, next_obs = batch["obs"], batch["next_obs"]
+    B = obs.shape[0]
+    alpha = log_alpha.detach().exp()
+    with torch.no_grad():
+        next_action, next_log_prob = actor.sample(next_obs)
+    q_all = critic(torch.cat([obs, next_obs]), torch.cat([batch["action"].to(next_action.dtype), next_action]))
+    q, next_q = q_all[:, :B], q_all[:, B:].detach()
+    target = batch["reward"] + batch["discount"] * (next_q.min(0).values - alpha * next_log_prob)
+    out: dict[str, Tensor] = {"loss_qvalue": 0.5 * (q - target).square().mean(1).sum()}
+    out["q_mean"] = q.detach().mean()
+    if update_actor:
+        action, log_prob = actor.sample(obs)
+        q_pi = critic(obs, action, detach=True, batch_stats=False).min(0).values
+        out["loss_actor"] = (alpha * log_prob - q_pi).mean()
+        _alpha_terms(out, log_alpha, log_prob, target_entropy, autotune_alpha)
+    out["alpha"] = alpha
+    return out
+
+
+@torch.no_grad()
+def soft_update(target: torch.nn.Module, online: torch.nn.Module, tau: float) -> None:
+    """Polyak averaging ``target <- (1 - tau) target + tau online`` over parameters, in one
+    multi-tensor call (buffers such as BatchNorm statistics are copied)."""
+    torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
+    for tb, ob in zip(target.buffers(), online.buffers()):
+        tb.copy_(ob)

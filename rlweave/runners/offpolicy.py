@@ -1,0 +1,314 @@
+"""The embodied off-policy workflow (SAC, CrossQ, ...): env -> rollout, env -> replay, replay -> actor.
+
+Logical workflow::
+
+    env workers --obs / actions (request, reply)--> rollout workers     (per decision)
+    env workers --n-step transitions (channel)--> replay shard           (per iteration)
+    replay shard --sampled batches (in-process)--> actor (learner)       (per update)
+    actor --weights (bucketed, versioned, checksummed)--> rollout workers (every train.sync_every iterations)
+
+Asynchronous: in iteration i the env workers collect ``train.rollout_steps`` decisions with the
+rollout's current weights *while* the learner ingests the transitions of iteration i-1 and runs
+the updates they make due (``algorithm.utd_ratio`` updates per env step, after
+``algorithm.learning_starts`` steps of random actions). A transition therefore reaches the learner
+at most ``train.sync_every`` policy versions after the one that acted; ``train.max_staleness``
+bounds that (0 = collect, then train, in turn). Which transitions the learner takes in each
+iteration is fixed by the driver, not by timing, so a run is reproducible.
+
+The replay shard lives in the learner's process (a sample is a function call); env and rollout
+share processes when their slots are identical (an action request is then a function call too).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from rlweave.algorithms import get_algorithm
+from rlweave.channel import Channel
+from rlweave.cluster import Cluster, GroupPlacement, WorkerGroup, wait_all
+from rlweave.models import build_policy
+from rlweave.runners.common import check_compatible, plan_placement, policy_kwargs
+from rlweave.runners.evaluate import evaluate_policy
+from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlweave.utils.metrics import MetricsWriter, Progress, Trace, truncate_metrics, write_text_atomic
+from rlweave.workers.channels import ChannelSpec
+from rlweave.workers.env_worker import EnvWorker
+from rlweave.workers.offpolicy_actor import OffPolicyActorWorker
+from rlweave.workers.replay import ReplayBufferWorker
+from rlweave.workers.rollout_worker import RolloutWorker
+from rlweave.workers.weights import resolve_buckets, unpack_into
+
+
+class OffPolicyRunner:
+    def __init__(self, cfg: DictConfig, run_dir: str | Path, resume: bool = False):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.resume = resume
+        self.spec = get_algorithm(cfg.algorithm.name)
+        self.obs_space, self.act_space = check_compatible(cfg)
+        if not cfg.cluster.address:
+            plan_placement(cfg, Cluster.planned(cfg.cluster.num_cpus, cfg.cluster.num_gpus))
+        self.iteration = 0
+        self.env_steps = 0  # collected
+        self.ingested_steps = 0  # handed to the learner (the updates due are counted on these)
+        self.updates = 0
+        self.pending_items = 0  # transition batches in the channel, not yet ingested
+        self.pending_steps = 0
+        self.wall_offset = 0.0
+        self.groups: list[WorkerGroup] = []
+        self.channels: list[Channel] = []
+        self.cluster: Cluster | None = None
+        self._last_packet = None
+
+    @property
+    def steps_per_iteration(self) -> int:
+        e = self.cfg.env
+        return e.num_workers * e.num_envs * self.cfg.train.rollout_steps * e.chunk
+
+    # ------------------------------------------------------------------ set-up
+    def _start(self) -> None:
+        cfg = self.cfg
+        c = cfg.cluster
+        self.cluster = Cluster.start(address=c.address, num_cpus=c.num_cpus, num_gpus=c.num_gpus, dashboard=c.dashboard, local=c.local)
+        plan = self.plan = plan_placement(cfg, self.cluster)
+        print(f"[rlweave] {self.cluster.describe()}")
+        print(f"[rlweave] {plan.describe()}")
+        self.trans_spec = ChannelSpec(f"{uuid.uuid4().hex[:8]}/transitions", local=self.cluster.local)
+        if not self.trans_spec.local:
+            self.channels.append(Channel.create(self.trans_spec.name))
+        self.pkw = policy_kwargs(cfg)
+        algo = OmegaConf.to_container(cfg.algorithm)
+        self.actor = WorkerGroup(
+            OffPolicyActorWorker, plan.groups["actor"], self.cluster,
+            args=(algo, self.pkw, OmegaConf.to_container(cfg.critic), self.obs_space, self.act_space, cfg.env.chunk, cfg.seed),
+        )
+        self.groups.append(self.actor)
+        # the replay shard lives in the learner's process: sampling is a function call
+        self.replay = WorkerGroup(
+            ReplayBufferWorker, GroupPlacement("replay", list(plan.groups["actor"].slots)), self.cluster,
+            args=(cfg.replay.capacity, cfg.seed, self.trans_spec), colocate_with=self.actor,
+        )
+        self.groups.append(self.replay)
+        self.actor.call_each("configure_replay", [(self.replay.peer(r, self.actor.hosts[r]),) for r in range(self.actor.world_size)]).wait()
+        env_cfg = OmegaConf.to_container(cfg.env)
+        self.env = WorkerGroup(
+            EnvWorker, plan.groups["env"], self.cluster,
+            args=(env_cfg, cfg.seed, cfg.algorithm.gamma, None, self.trans_spec, 1),
+        )
+        self.groups.append(self.env)
+        fused = plan.groups["rollout"].slots == plan.groups["env"].slots
+        self.rollout = WorkerGroup(
+            RolloutWorker, plan.groups["rollout"], self.cluster,
+            args=(self.pkw, self.obs_space, self.act_space, cfg.env.chunk),
+            colocate_with=self.env if fused else None,
+        )
+        self.groups.append(self.rollout)
+        n_roll = self.rollout.world_size
+        self.env.call_each("configure_rollout", [(self.rollout.peer(e % n_roll, self.env.hosts[e]),) for e in range(self.env.world_size)]).wait()
+        self.eval_policy = build_policy(observation_space=self.obs_space, action_space=self.act_space, chunk=cfg.env.chunk, **self.pkw)
+
+    def _sync_weights(self) -> float:
+        t0 = time.perf_counter()
+        packet = self.actor.call("export_weights", ranks=[0]).wait()[0]
+        checksums = self.rollout.run("load_weights", packet)
+        if any(c != packet.checksum for c in checksums):
+            raise RuntimeError(f"weight sync v{packet.version}: rollout checksums {checksums} != actor {packet.checksum}")
+        self._last_packet = packet
+        return time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save(self) -> None:
+        if self.pending_items:  # a checkpoint holds every collected transition: take them in now
+            self.actor.run("train", 0, self.pending_items)
+            self.ingested_steps += self.pending_steps
+            self.pending_items = self.pending_steps = 0
+        parts = {
+            "actor": self.actor.call("state_dict", ranks=[0]).wait()[0],
+            "replay": self.replay.run("state_dict"),
+            "envs": self.env.run("state_dict"),
+            "rollouts": self.rollout.run("state_dict"),
+            "runner": {
+                "iteration": self.iteration,
+                "env_steps": self.env_steps,
+                "ingested_steps": self.ingested_steps,
+                "updates": self.updates,
+                "wall_time": self._wall(),
+                "numpy": np.random.get_state(),
+                "python": random.getstate(),
+                "torch": torch.get_rng_state(),
+            },
+        }
+        save_checkpoint(self.run_dir, self.iteration, parts, keep=self.cfg.train.keep_checkpoints)
+
+    def _restore(self) -> None:
+        path = latest_checkpoint(self.run_dir)
+        if path is None:
+            raise FileNotFoundError(f"no checkpoint under {self.run_dir / 'checkpoints'} to resume from")
+        state = load_checkpoint(path)
+        r = state["runner"]
+        self.actor.run("load_state_dict", state["actor"])
+        self.replay.call_each("load_state_dict", [(s,) for s in state["replay"]]).wait()
+        self.env.call_each("load_state_dict", [(s,) for s in state["envs"]]).wait()
+        self.rollout.call_each("load_state_dict", [(s,) for s in state["rollouts"]]).wait()
+        self.iteration, self.env_steps = r["iteration"], r["env_steps"]
+        self.ingested_steps, self.updates = r["ingested_steps"], r["updates"]
+        self.wall_offset = r["wall_time"]
+        np.random.set_state(r["numpy"])
+        random.setstate(r["python"])
+        torch.set_rng_state(r["torch"])
+        truncate_metrics(self.run_dir, self.iteration)
+        print(f"[rlweave] resumed from {path.name}: iteration {self.iteration}, {self.env_steps} env steps")
+
+    def _wall(self) -> float:
+        return self.wall_offset + time.perf_counter() - self._t_start
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, on_iteration=None) -> dict:
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._t_start = time.perf_counter()
+        last: dict = {}
+        try:
+            self._start()
+            if not self.resume:
+                np.random.seed(cfg.seed)
+                random.seed(cfg.seed)
+                torch.manual_seed(cfg.seed)
+            self._write_config()
+            if self.resume:
+                self._restore()
+            self._sync_weights()
+            metrics = MetricsWriter(self.run_dir, tensorboard=cfg.run.tensorboard)
+            trace = Trace(self.run_dir)
+            progress = Progress(cfg.train.total_env_steps, enabled=cfg.run.progress)
+            try:
+                while self.env_steps < cfg.train.total_env_steps:
+                    last = self._iteration(metrics, trace, progress)
+                    ce = cfg.train.checkpoint_every
+                    if ce and self.iteration % ce == 0:
+                        self._save()
+                    if on_iteration is not None:
+                        on_iteration(self, last)
+            finally:
+                progress.close()
+                metrics.close()
+                trace.write()
+            ckpt = latest_checkpoint(self.run_dir)
+            if ckpt is None or ckpt.name != f"iter_{self.iteration:08d}":
+                self._save()
+        finally:
+            self.shutdown()
+        return last
+
+    def _updates_due(self, steps: int) -> int:
+        """Updates the learner owes once ``steps`` env steps have reached it: ``utd_ratio`` per
+        step beyond ``learning_starts``, minus those already done."""
+        a = self.cfg.algorithm
+        return max(0, math.floor(a.utd_ratio * max(0, steps - a.learning_starts)) - self.updates)
+
+    def _iteration(self, metrics: MetricsWriter, trace: Trace, progress: Progress) -> dict:
+        cfg = self.cfg
+        t = cfg.train
+        n_env = self.env.world_size
+        random_actions = self.env_steps < cfg.algorithm.learning_starts
+        t0 = time.perf_counter()
+        h_env = self.env.call("collect_transitions", t.rollout_steps, cfg.algorithm.n_step, random_actions)
+        if t.max_staleness == 0:  # collect, then train on everything collected so far
+            env_out = h_env.wait()
+            self.pending_items += n_env
+            self.pending_steps += sum(o["env_steps"] for o in env_out)
+        due = self._updates_due(self.ingested_steps + self.pending_steps)
+        h_act = self.actor.call("train", due, self.pending_items, t.max_staleness, ranks=[0])
+        if t.max_staleness == 0:
+            act_out = h_act.wait()[0]
+        else:
+            env_out, act_out = wait_all([h_env, h_act])
+            act_out = act_out[0]
+        t1 = time.perf_counter()
+        steps = sum(o["env_steps"] for o in env_out)
+        self.ingested_steps += self.pending_steps
+        self.updates += due
+        if t.max_staleness == 0:
+            self.pending_items = self.pending_steps = 0
+        else:  # this iteration's transitions are taken in by the next one
+            self.pending_items, self.pending_steps = n_env, steps
+        self.env_steps += steps
+        self.iteration += 1
+        t_sync = self._sync_weights() if self.iteration % t.sync_every == 0 else 0.0
+        t_iter = time.perf_counter() - t0
+        record: dict = {"iteration": self.iteration, "env_steps": self.env_steps, "wall_time": None}
+        returns = [r for o in env_out for r in o["episodes"]["return"]]
+        if returns:
+            record["train/episode_return"] = float(np.mean(returns))
+            record["train/episode_length"] = float(np.mean([r for o in env_out for r in o["episodes"]["length"]]))
+            record["train/episodes"] = len(returns)
+        success = [r for o in env_out for r in o["episodes"]["success"]]
+        if success:
+            record["train/success_rate"] = float(np.mean(success))
+        record["train/dropped_episodes"] = sum(o["dropped_episodes"] for o in env_out)
+        record.update({k: v for k, v in act_out.items() if k.startswith("train/")})
+        record["samples/produced"] = sum(o["transitions"] for o in env_out)
+        record["samples/ingested"] = act_out["ingested"]
+        record["samples/updates"] = due
+        record["samples/staleness"] = act_out["staleness"]
+        record["samples/random_actions"] = int(random_actions)
+        record["time/collect"] = h_env.duration
+        record["time/env"] = max(o["time_env"] for o in env_out)
+        record["time/env_wait_action"] = max(o["time_wait_action"] for o in env_out)
+        record["time/trajectory_put"] = max(o["time_put"] for o in env_out)
+        record["time/actor"] = act_out["time/actor_train"]
+        record["time/actor_wait"] = act_out["time/actor_wait"]
+        record["time/weight_sync"] = t_sync
+        record["time/iteration"] = t_iter
+        record["perf/env_steps_per_s"] = steps / t_iter
+        record["perf/updates_per_s"] = due / t_iter
+        record["mem/env_peak_rss_mb"] = max(o["peak_rss_mb"] for o in env_out)
+        record["mem/actor_peak_rss_mb"] = act_out["peak_rss_mb"]
+        for rank, d in enumerate(h_env.durations):
+            trace.span(f"env[{rank}]", "collect_transitions", t0, d)
+        trace.span("actor[0]", "train", t1 - act_out["time/actor_train"], act_out["time/actor_train"])
+        trace.span("driver", "weight_sync", t1, t_sync)
+        ev = t.eval_every
+        final = self.env_steps >= t.total_env_steps
+        if ev and (self.iteration % ev == 0 or final):
+            t_e = time.perf_counter()
+            record.update(self.evaluate())
+            record["time/eval"] = time.perf_counter() - t_e
+            trace.span("driver", "eval", t_e, record["time/eval"])
+        record["wall_time"] = self._wall()
+        metrics.log(record)
+        progress.update(self.iteration, self.env_steps, record.get("train/episode_return"), record.get("eval/episode_return"))
+        return record
+
+    def evaluate(self) -> dict:
+        """Deterministic episodes of the learner's latest policy (not the rollout's copy)."""
+        packet = self.actor.call("export_weights", ranks=[0]).wait()[0]
+        unpack_into(self.eval_policy, resolve_buckets(packet.buckets))
+        env_cfg = OmegaConf.to_container(self.cfg.env)
+        return evaluate_policy(self.eval_policy, env_cfg, self.cfg.train.eval_episodes, seed=self.cfg.seed + 10_000 + self.iteration, gamma=self.cfg.algorithm.gamma)
+
+    def _write_config(self) -> None:
+        cfg = OmegaConf.to_container(self.cfg)
+        cfg["placement"]["derived"] = self.plan.as_dict()
+        write_text_atomic(self.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(cfg)))
+
+    def shutdown(self) -> None:
+        for g in reversed(self.groups):
+            g.shutdown()
+        self.groups = []
+        for ch in self.channels:
+            try:
+                ch.close()
+            except Exception:  # noqa: BLE001 - best effort at exit
+                pass
+        self.channels = []
+        if self.cluster is not None:
+            self.cluster.shutdown()

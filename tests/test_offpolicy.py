@@ -1,0 +1,383 @@
+"""Off-policy learning: n-step writing, the replay buffer, the SAC/CrossQ models and losses (values
+checked against independent formulas), and the asynchronous runner end to end on an embedded Ray
+(sample accounting, staleness, reproducibility, resume, bad input)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import ray
+import torch
+import torch.nn.functional as F
+
+from rlweave.algorithms import crossq_loss, get_algorithm, sac_loss, soft_update
+from rlweave.cli import main
+from rlweave.cluster import Cluster
+from rlweave.models import QEnsemble, SquashedGaussianPolicy, build_policy
+from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint
+from rlweave.workers.replay import NStepWriter, ReplayBuffer
+
+QUIET = ["run.progress=false", "run.tensorboard=false"]
+BOX = gym.spaces.Box(low=-2.0, high=2.0, shape=(2,), dtype=np.float32)
+
+
+# --------------------------------------------------------------------------- n-step writing
+def _step(w: NStepWriter, t: int, reward: float, terminated=False, truncated=False, version=0):
+    obs = np.array([[float(t)]], dtype=np.float32)
+    w.add(obs, np.array([[t * 10.0]], dtype=np.float32), np.array([reward]), obs + 1, np.array([terminated]),
+          np.array([terminated or truncated]), version)
+
+
+def test_one_step_transitions_fold_the_discount():
+    w = NStepWriter(1, 0.9, 2)
+    w.add(np.zeros((2, 3)), np.zeros((2, 1)), np.array([1.0, 2.0]), np.ones((2, 3)), np.array([False, True]),
+          np.array([False, True]), 4)
+    out = w.pop()
+    assert out["reward"].tolist() == [1.0, 2.0]
+    assert out["discount"].tolist() == pytest.approx([0.9, 0.0])
+    assert out["policy_version"].tolist() == [4, 4]
+    assert w.pop() is None
+
+
+def test_n_step_returns_and_episode_ends_match_hand_computation():
+    g = 0.5
+    w = NStepWriter(3, g, 1)
+    for t, r in enumerate([1.0, 2.0, 4.0]):
+        _step(w, t, r)
+    first = w.pop()  # the transition from step 0 has its 3 rewards
+    assert first["reward"].tolist() == [1.0 + g * 2.0 + g * g * 4.0]
+    assert first["obs"][:, 0].tolist() == [0.0] and first["next_obs"][:, 0].tolist() == [3.0]
+    assert first["discount"].tolist() == [g**3]
+    _step(w, 3, 8.0, terminated=True)  # ends the episode: steps 1, 2, 3 flush with shorter horizons
+    out = w.pop()
+    assert out["obs"][:, 0].tolist() == [1.0, 2.0, 3.0]
+    assert out["reward"].tolist() == pytest.approx([2 + g * 4 + g * g * 8, 4 + g * 8, 8])
+    assert out["discount"].tolist() == [0.0, 0.0, 0.0]  # terminated: nothing to bootstrap
+    assert out["next_obs"][:, 0].tolist() == [4.0, 4.0, 4.0]
+    _step(w, 10, 1.0)
+    _step(w, 11, 1.0, truncated=True)  # truncated: bootstrap from the final observation
+    out = w.pop()
+    assert out["reward"].tolist() == pytest.approx([1 + g, 1])
+    assert out["discount"].tolist() == pytest.approx([g**2, g])
+    assert not any(w.pending[0])
+
+
+def test_n_step_writer_state_round_trip():
+    w = NStepWriter(3, 0.9, 1)
+    _step(w, 0, 1.0)
+    _step(w, 1, 1.0)
+    w2 = NStepWriter(3, 0.9, 1)
+    w2.load_state_dict(json.loads(json.dumps(w.state_dict(), default=lambda a: a.tolist())))
+    for writer in (w, w2):
+        _step(writer, 2, 1.0)
+    a, b = w.pop(), w2.pop()
+    assert a["reward"].tolist() == b["reward"].tolist() == pytest.approx([1 + 0.9 + 0.81])
+
+
+# --------------------------------------------------------------------------- replay buffer
+def _batch(start: int, n: int, marker: float = 0.0) -> dict:
+    idx = np.arange(start, start + n, dtype=np.float32)
+    return {"obs": idx[:, None], "action": np.full((n, 1), marker, np.float32), "reward": idx, "next_obs": idx[:, None] + 1,
+            "discount": np.ones(n, np.float32), "policy_version": np.zeros(n, np.int64)}
+
+
+def test_replay_ring_keeps_the_newest_and_samples_batches():
+    buf = ReplayBuffer(capacity=5, seed=0)
+    buf.add(_batch(0, 3))
+    buf.add(_batch(3, 4))  # wraps: 0 and 1 are overwritten
+    assert buf.size() == 5
+    assert sorted(buf.rings["online"].data["reward"].tolist()) == [2, 3, 4, 5, 6]
+    s = buf.sample(8, num_batches=3)
+    assert s["obs"].shape == (3, 8, 1) and s["reward"].shape == (3, 8)
+    assert set(s["reward"].ravel().tolist()) <= {2, 3, 4, 5, 6}
+    buf.add(_batch(100, 9))  # more than capacity at once: the newest 5 stay
+    assert sorted(buf.rings["online"].data["reward"].tolist()) == [104, 105, 106, 107, 108]
+
+
+def test_replay_mixes_sources_at_the_given_ratio():
+    buf = ReplayBuffer(capacity=100, seed=1, mix={"offline": 0.25, "online": 0.75})
+    buf.add(_batch(0, 50, marker=1.0), source="offline")
+    with pytest.raises(RuntimeError, match="source 'online' is empty"):
+        buf.sample(8)
+    buf.add(_batch(0, 50, marker=2.0))
+    s = buf.sample(16, num_batches=4)
+    per_batch = (s["action"][..., 0] == 1.0).sum(1)
+    assert per_batch.tolist() == [4, 4, 4, 4]
+
+
+def test_replay_state_round_trip_gives_the_same_samples():
+    a = ReplayBuffer(capacity=6, seed=3)
+    a.add(_batch(0, 4))
+    a.add(_batch(4, 4))
+    b = ReplayBuffer(capacity=1, seed=99)
+    b.load_state_dict(a.state_dict())
+    assert np.array_equal(a.sample(5, 2)["reward"], b.sample(5, 2)["reward"])
+    a.add(_batch(50, 1))
+    b.add(_batch(50, 1))
+    assert np.array_equal(a.rings["online"].data["reward"], b.rings["online"].data["reward"])
+
+
+# --------------------------------------------------------------------------- models
+def test_squashed_gaussian_log_prob_matches_torch_distributions():
+    torch.manual_seed(0)
+    pol = SquashedGaussianPolicy(3, BOX, hidden=(16,))
+    obs = torch.randn(5, 3)
+    noise = torch.randn(5, 2)
+    action, log_prob = pol.sample(obs, noise=noise)
+    h = pol.body(obs)
+    mean, std = pol.mean_head(h), pol.log_std_head(h).clamp(-20, 2).exp()
+    base = torch.distributions.Normal(mean, std)
+    squashed = torch.distributions.TransformedDistribution(base, [torch.distributions.TanhTransform(cache_size=1)])
+    y = torch.tanh(mean + noise * std)
+    assert torch.allclose(log_prob, squashed.log_prob(y).sum(-1), atol=1e-4)
+    assert torch.allclose(action, y * 2.0)  # Box [-2, 2]: scale 2, bias 0
+    det, _, value = pol.act(obs, deterministic=True)
+    assert det.shape == (5, 1, 2) and torch.allclose(det[:, 0], torch.tanh(mean) * 2.0)
+    assert torch.equal(value, torch.zeros(5))
+    big, _, _ = pol.act(obs * 1e3, noise=torch.randn(5, 2) * 10)
+    assert big.abs().max() <= 2.0
+
+
+def test_squashed_policy_refuses_unbounded_or_discrete_actions():
+    obs_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+    with pytest.raises(ValueError, match="policy 'squashed_mlp' needs a bounded Box action space, got Discrete"):
+        build_policy("squashed_mlp", obs_space, gym.spaces.Discrete(3))
+    with pytest.raises(ValueError, match="bounded Box"):
+        build_policy("squashed_mlp", obs_space, gym.spaces.Box(-np.inf, np.inf, (2,), np.float32))
+
+
+def test_q_ensemble_members_are_independent_mlps():
+    torch.manual_seed(0)
+    q = QEnsemble(3, 2, hidden=(8, 8), num_q=3)
+    obs, act = torch.randn(4, 3), torch.randn(4, 2)
+    out = q(obs, act)
+    assert out.shape == (3, 4)
+    x = torch.cat([obs, act], -1)
+    for e in range(3):
+        h = x
+        for i, (w, b) in enumerate(zip(q.weights, q.biases)):
+            h = h @ w[e] + b[e, 0]
+            if i < 2:
+                h = torch.relu(h)
+        assert torch.allclose(out[e], h[:, 0], atol=1e-5)
+
+
+def test_q_ensemble_detach_keeps_the_critic_out_of_the_actor_gradient():
+    q = QEnsemble(3, 2, hidden=(8,), num_q=2)
+    act = torch.randn(4, 2, requires_grad=True)
+    q(torch.randn(4, 3), act, detach=True).sum().backward()
+    assert act.grad is not None and act.grad.abs().sum() > 0
+    assert all(p.grad is None for p in q.parameters())
+
+
+def test_q_ensemble_layer_norm_and_batch_norm():
+    torch.manual_seed(1)
+    ln = QEnsemble(3, 1, hidden=(8,), num_q=2, norm="layer")
+    obs, act = torch.randn(6, 3), torch.randn(6, 1)
+    x = torch.cat([obs, act], -1)
+    h = torch.relu(F.layer_norm(x @ ln.weights[0][1] + ln.biases[0][1, 0], (8,)))
+    assert torch.allclose(ln(obs, act)[1], (h @ ln.weights[1][1] + ln.biases[1][1, 0])[:, 0], atol=1e-5)
+
+    bn = QEnsemble(3, 1, hidden=(8,), num_q=2, norm="batch", bn_momentum=0.1)
+    assert bn.running_mean_0.shape == (2, 1, 4) and bn.running_mean_1.shape == (2, 1, 8)
+    obs = torch.randn(64, 3) * 5 + 3
+    bn(obs, act.repeat(11, 1)[:64])
+    x = torch.cat([obs, act.repeat(11, 1)[:64]], -1)
+    assert torch.allclose(bn.running_mean_0[0, 0], 0.1 * x.mean(0), atol=1e-5)  # lerp from 0 by momentum
+    before = bn.running_mean_0.clone()
+    bn(obs, act.repeat(11, 1)[:64], batch_stats=False)  # running statistics: nothing moves
+    assert torch.equal(before, bn.running_mean_0)
+
+
+# --------------------------------------------------------------------------- losses
+def _sac_parts(norm=None):
+    torch.manual_seed(0)
+    actor = SquashedGaussianPolicy(3, BOX, hidden=(16,))
+    critic = QEnsemble(3, 2, hidden=(16,), num_q=2, norm=norm)
+    target = QEnsemble(3, 2, hidden=(16,), num_q=2).requires_grad_(False)
+    log_alpha = torch.nn.Parameter(torch.tensor(math.log(0.5)))
+    batch = {"obs": torch.randn(8, 3), "action": torch.rand(8, 2) * 4 - 2, "reward": torch.randn(8),
+             "next_obs": torch.randn(8, 3), "discount": torch.full((8,), 0.99)}
+    return actor, critic, target, log_alpha, batch
+
+
+def test_sac_loss_values_against_the_formulas():
+    actor, critic, target, log_alpha, batch = _sac_parts()
+    torch.manual_seed(5)
+    out = sac_loss(batch, actor, critic, target, log_alpha, target_entropy=-2.0)
+    torch.manual_seed(5)  # the same noise: the next action first, then the actor's own
+    with torch.no_grad():
+        a2, lp2 = actor.sample(batch["next_obs"])
+        y = batch["reward"] + 0.99 * (target(batch["next_obs"], a2).min(0).values - 0.5 * lp2)
+        q = critic(batch["obs"], batch["action"])
+        a, lp = actor.sample(batch["obs"])
+        q_pi = critic(batch["obs"], a).min(0).values
+    assert out["loss_qvalue"].item() == pytest.approx((0.5 * ((q[0] - y) ** 2).mean() + 0.5 * ((q[1] - y) ** 2).mean()).item(), rel=1e-5)
+    assert out["loss_actor"].item() == pytest.approx((0.5 * lp - q_pi).mean().item(), rel=1e-5)
+    assert out["loss_alpha"].item() == pytest.approx((-math.log(0.5) * (lp - 2.0)).mean().item(), rel=1e-5)
+    assert out["alpha"].item() == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("loss_fn, norm", [(sac_loss, None), (crossq_loss, "batch")])
+def test_each_loss_term_trains_only_its_own_parameters(loss_fn, norm):
+    actor, critic, target, log_alpha, batch = _sac_parts(norm)
+    groups = {"loss_qvalue": list(critic.parameters()), "loss_actor": list(actor.parameters()), "loss_alpha": [log_alpha]}
+    for term, own in groups.items():
+        for p in [*actor.parameters(), *critic.parameters(), log_alpha]:
+            p.grad = None
+        out = loss_fn(batch, actor, critic, None if loss_fn is crossq_loss else target, log_alpha, -2.0)
+        out[term].backward()
+        own_ids = {id(p) for p in own}
+        for p in [*actor.parameters(), *critic.parameters(), log_alpha]:
+            touched = p.grad is not None and p.grad.abs().sum() > 0
+            if id(p) not in own_ids:
+                assert not touched, f"{term} reached a parameter it must not train"
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in own), term
+    assert all(p.grad is None for p in target.parameters())
+
+
+def test_policy_delay_leaves_out_the_actor_and_alpha_terms():
+    actor, critic, target, log_alpha, batch = _sac_parts()
+    out = sac_loss(batch, actor, critic, target, log_alpha, -2.0, update_actor=False)
+    assert set(k for k in out if k.startswith("loss_")) == {"loss_qvalue"}
+    out = sac_loss(batch, actor, critic, target, log_alpha, -2.0, autotune_alpha=False)
+    assert "loss_alpha" not in out and "loss_actor" in out
+
+
+def test_crossq_normalises_current_and_next_state_actions_together():
+    actor, critic, _, log_alpha, batch = _sac_parts("batch")
+    critic.bn_momentum = 1.0  # running statistics become exactly the last batch's
+    crossq_loss(batch, actor, critic, None, log_alpha, -2.0, update_actor=False)
+    seen = critic.running_mean_0[0, 0, :3]  # the observation columns of the input normaliser
+    both = torch.cat([batch["obs"], batch["next_obs"]]).mean(0)
+    assert torch.allclose(seen, both, atol=1e-5)
+
+
+def test_soft_update_is_polyak_averaging():
+    a, b = QEnsemble(2, 1, hidden=(4,)), QEnsemble(2, 1, hidden=(4,))
+    expected = [0.9 * pt + 0.1 * po for pt, po in zip(a.parameters(), b.parameters())]
+    soft_update(a, b, 0.1)
+    assert all(torch.allclose(p, e) for p, e in zip(a.parameters(), expected))
+
+
+def test_registry_knows_the_off_policy_algorithms():
+    assert get_algorithm("sac").kind == "off_policy" and get_algorithm("sac").target_network
+    assert get_algorithm("crossq").kind == "off_policy" and not get_algorithm("crossq").target_network
+
+
+# --------------------------------------------------------------------------- runner end to end
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def train(*args: str) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["train", *args])
+    return rc, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+SMALL = ["policy.hidden=[32,32]", "critic.hidden=[32,32]", "algorithm.batch_size=32", "algorithm.learning_starts=150",
+         "train.rollout_steps=50", "train.total_env_steps=400", "train.eval_every=4", "train.eval_episodes=2",
+         "env.num_envs=2", *QUIET]
+
+
+def test_async_sac_run_accounts_for_every_sample(ray_session, tmp_path):
+    run_dir = tmp_path / "sac"
+    rc, out = train("sac-pendulum", *SMALL, f"run.dir={run_dir}")
+    assert rc == 0, out
+    rows = read_metrics(run_dir)
+    assert [r["env_steps"] for r in rows] == [100, 200, 300, 400]  # 2 envs x 50 decisions per iteration
+    # random actions until learning_starts; then the policy acts
+    assert [r["samples/random_actions"] for r in rows] == [1, 1, 0, 0]
+    # the learner takes iteration i-1's transitions in iteration i, and owes utd * (steps - 150) updates
+    assert [r["samples/ingested"] for r in rows] == [0, 100, 100, 100]
+    assert [r["samples/updates"] for r in rows] == [0, 0, 50, 100]
+    assert rows[-1]["train/updates"] == 150
+    assert [r["samples/staleness"] for r in rows] == [0, 0, 0, 1]  # v2 acted in iteration 3; the learner, at v3, trains on it in 4
+    assert rows[-1]["eval/episode_return"] < 0
+    assert {"train/loss_qvalue", "train/loss_actor", "train/alpha", "time/actor", "perf/updates_per_s"} <= set(rows[-1])
+    # the final checkpoint holds every collected transition, in the replay shard
+    replay = load_checkpoint(latest_checkpoint(run_dir))["replay"]
+    assert replay[0]["rings"]["online"]["size"] == 400
+
+
+def test_same_seed_same_learning_and_resume_continues(ray_session, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        rc, out = train("sac-pendulum", *SMALL, f"run.dir={d}")
+        assert rc == 0, out
+    ra, rb = read_metrics(a), read_metrics(b)
+    key = ["train/loss_qvalue", "train/loss_actor", "train/alpha", "eval/episode_return"]
+    assert [[r.get(k) for k in key] for r in ra] == [[r.get(k) for k in key] for r in rb]
+    # resume: more steps on top of the finished run, continuing its counters
+    out = io.StringIO()
+    import omegaconf
+
+    cfg_path = a / "config.yaml"
+    cfg = omegaconf.OmegaConf.load(cfg_path)
+    cfg.train.total_env_steps = 600
+    omegaconf.OmegaConf.save(cfg, cfg_path)
+    with contextlib.redirect_stdout(out):
+        rc = main(["resume", str(a)])
+    assert rc == 0, out.getvalue()
+    rows = read_metrics(a)
+    assert [r["env_steps"] for r in rows] == [100, 200, 300, 400, 500, 600]
+    assert rows[4]["samples/ingested"] == 0  # the checkpoint had already taken iteration 4's transitions in
+    assert rows[5]["train/updates"] == 150 + 100 + 100
+
+
+def test_collect_then_train_mode_has_no_staleness(ray_session, tmp_path):
+    run_dir = tmp_path / "sync"
+    rc, out = train("crossq-pendulum", *SMALL, "train.max_staleness=0", f"run.dir={run_dir}")
+    assert rc == 0, out
+    rows = read_metrics(run_dir)
+    assert [r["samples/ingested"] for r in rows] == [100, 100, 100, 100]
+    assert [r["samples/updates"] for r in rows] == [0, 50, 100, 100]
+    assert all(r["samples/staleness"] == 0 for r in rows)
+
+
+@pytest.fixture
+def no_cluster_start(monkeypatch):
+    def refuse(cls, *args, **kwargs):
+        raise AssertionError("Cluster.start was called: the input was not refused before anything started")
+
+    monkeypatch.setattr(Cluster, "start", classmethod(refuse))
+
+
+@pytest.mark.parametrize(
+    "recipe, overrides, fragment",
+    [
+        ("ppo-cartpole", ["algorithm.name=sac"], "algorithm.name: 'sac' is an off-policy algorithm; it runs with runner=offpolicy"),
+        ("sac-pendulum", ["algorithm.name=ppo"], "algorithm.name: 'ppo' is an on-policy algorithm; it runs with runner=onpolicy"),
+        ("sac-pendulum", ["train.sync_every=2"], "train.max_staleness: 1 can never be met with train.sync_every=2"),
+        ("sac-pendulum", ["train.max_staleness=0", "train.sync_every=3"], "train.sync_every: 3 cannot meet train.max_staleness=0"),
+        ("sac-pendulum", ["actor.num_workers=2", "env.num_workers=2"], "actor.num_workers: the off-policy learner runs on one rank"),
+        ("sac-pendulum", ["env.id=CartPole-v1"], "policy.name: policy 'squashed_mlp' needs a bounded Box action space"),
+        ("sac-pendulum", ["policy.name=mlp"], "policy.name: sac learns a tanh-squashed Gaussian actor"),
+        ("sac-pendulum", ["critic.norm=group"], "critic.norm"),
+        ("sac-pendulum", ["placement.groups.actor.threads=0"], "placement.groups.actor.threads: must be >= 1"),
+    ],
+)
+def test_off_policy_bad_input_is_refused_before_start(capsys, tmp_path, no_cluster_start, recipe, overrides, fragment):
+    rc = main(["train", recipe, *overrides, f"run.dir={tmp_path / 'r'}", *QUIET])
+    _, err = capsys.readouterr()
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert fragment in err, err
+    assert not (tmp_path / "r").exists()
