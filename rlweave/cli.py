@@ -1,4 +1,4 @@
-"""The ``rlweave`` command: train, resume, eval, plot, timeline, plan, recipes, bench."""
+"""The ``rlweave`` command: train, resume, eval, collect, plot, timeline, plan, recipes, bench."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 RUNNERS = {
     "onpolicy": "rlweave.runners.onpolicy:OnPolicyRunner",
@@ -124,6 +126,64 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_collect(args) -> int:
+    """Writes a Minari dataset of a run's policy (or of random actions) on the run's env."""
+    import re
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from rlweave.config import ConfigError, validate
+    from rlweave.envs import env_maker
+    from rlweave.models import build_policy
+    from rlweave.runners.common import check_compatible, policy_kwargs
+    from rlweave.utils.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+    from rlweave.workers.datasets import DatasetError, collect_dataset
+
+    run_dir = Path(args.run_dir)
+    if args.episodes < 1:
+        return _fail(f"--episodes: must be >= 1, got {args.episodes}")
+    if not (run_dir / "config.yaml").is_file():
+        return _fail(f"{run_dir}: no config.yaml (not a run folder)")
+    try:
+        cfg = validate(OmegaConf.load(run_dir / "config.yaml"))
+        obs_space, act_space = check_compatible(cfg)
+    except ConfigError as e:
+        return _fail(f"{run_dir / 'config.yaml'}: {e}")
+    if cfg.env.chunk != 1:
+        return _fail(f"env.chunk: datasets hold one action per step; this run has chunk {cfg.env.chunk}")
+    act = None
+    source = "uniform random actions"
+    if args.policy != "random":
+        ckpts = {p.name: p for p in list_checkpoints(run_dir)}
+        ckpt = ckpts.get(args.checkpoint) if args.checkpoint else latest_checkpoint(run_dir)
+        if ckpt is None:
+            known = ", ".join(ckpts) or "none"
+            return _fail(f"--checkpoint: {args.checkpoint or 'latest'} not found under {run_dir}/checkpoints (have: {known})")
+        policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=1, **policy_kwargs(cfg))
+        policy.load_state_dict(load_checkpoint(ckpt)["actor"]["policy"])
+        policy.eval()
+        deterministic = args.policy == "deterministic"
+
+        def act(obs):
+            with torch.inference_mode():
+                a, _, _ = policy.act(torch.as_tensor(obs, dtype=torch.float32)[None], deterministic=deterministic)
+            return np.clip(a[0, 0].numpy(), act_space.low, act_space.high) if hasattr(act_space, "low") else a[0, 0].numpy()
+
+        source = f"{args.policy} policy of {run_dir.name}/{ckpt.name}"
+    kwargs = dict(OmegaConf.to_container(cfg.env.kwargs))
+    if cfg.env.max_episode_steps is not None:
+        kwargs["max_episode_steps"] = cfg.env.max_episode_steps
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", Path(args.out).name).strip("_") or "dataset"
+    try:
+        info = collect_dataset(lambda: env_maker(cfg.env.id)(**kwargs), act, args.episodes, args.out, name,
+                               seed=args.seed, description=f"{cfg.env.id}: {source}")
+    except (DatasetError, ImportError) as e:
+        return _fail(str(e))
+    print(json.dumps({**info, "env": cfg.env.id, "source": source}))
+    return 0
+
+
 def _write_figure(draw, *args, **kwargs) -> int:
     try:
         out = draw(*args, **kwargs)
@@ -223,6 +283,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top", type=int, default=20, help="how many plans to print")
     s.add_argument("--json", metavar="FILE", help="also write the ranking as JSON")
     s.set_defaults(fn=cmd_plan)
+    s = sub.add_parser("collect", help="write a Minari dataset of a run's policy: rlweave collect RUN_DIR --episodes N -o DATASET")
+    s.add_argument("run_dir")
+    s.add_argument("--episodes", type=int, required=True)
+    s.add_argument("-o", "--out", required=True, help="dataset folder to create")
+    s.add_argument("--checkpoint", default=None, help="checkpoint name, e.g. iter_00000050 (default: the latest)")
+    s.add_argument("--policy", choices=("deterministic", "stochastic", "random"), default="stochastic")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(fn=cmd_collect)
     s = sub.add_parser("bench", help="run a benchmark from benchmarks/: rlweave bench NAME [--json FILE]")
     s.add_argument("name")
     s.add_argument("--json", default=None)

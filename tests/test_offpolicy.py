@@ -381,3 +381,67 @@ def test_off_policy_bad_input_is_refused_before_start(capsys, tmp_path, no_clust
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert fragment in err, err
     assert not (tmp_path / "r").exists()
+
+
+# --------------------------------------------------------------------------- offline datasets
+def _random_dataset(tmp_path: Path, env_id: str, episodes: int, name: str) -> Path:
+    from rlweave.workers.datasets import collect_dataset
+
+    out = tmp_path / name
+    info = collect_dataset(lambda: gym.make(env_id), None, episodes, out, name, seed=0)
+    assert info["episodes"] == episodes and Path(info["path"]) == out
+    return out
+
+
+def test_dataset_round_trip_as_transitions(tmp_path):
+    from rlweave.workers.datasets import load_transitions
+
+    path = _random_dataset(tmp_path, "Pendulum-v1", 3, "pend")
+    env = gym.make("Pendulum-v1")
+    data, stats = load_transitions(path, env.observation_space, env.action_space, gamma=0.9)
+    assert stats["episodes"] == 3 and stats["steps"] == 600 and len(data["reward"]) == 600
+    assert data["obs"].shape == (600, 3) and data["action"].shape == (600, 1)
+    assert np.array_equal(data["next_obs"][:199], data["obs"][1:200])  # consecutive steps of one episode
+    assert np.allclose(data["discount"], 0.9)  # Pendulum only truncates: every step bootstraps
+    assert stats["return_mean"] == pytest.approx(data["reward"].sum() / 3, rel=1e-5)
+    assert (data["policy_version"] == -2).all()
+
+
+def test_dataset_with_other_spaces_is_refused_naming_both_shapes(tmp_path):
+    from rlweave.workers.datasets import DatasetError, check_spaces
+
+    path = _random_dataset(tmp_path, "MountainCarContinuous-v0", 1, "car")
+    env = gym.make("Pendulum-v1")
+    with pytest.raises(DatasetError, match=r"observation shape \(2,\) and action shape \(1,\) do not match the env's observation shape \(3,\)"):
+        check_spaces(path, env.observation_space, env.action_space)
+    with pytest.raises(DatasetError, match="already exists"):
+        _random_dataset(tmp_path, "MountainCarContinuous-v0", 1, "car")
+
+
+def test_collect_from_a_run_then_rlpd_learns_from_it(ray_session, tmp_path, capsys):
+    run_dir, ds = tmp_path / "sac", tmp_path / "pendulum_medium"
+    rc, out = train("sac-pendulum", *SMALL, f"run.dir={run_dir}")
+    assert rc == 0, out
+    assert main(["collect", str(run_dir), "--episodes", "2", "-o", str(ds)]) == 0
+    info = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert info["episodes"] == 2 and info["steps"] == 400 and "iter_00000004" in info["source"]
+    assert main(["collect", str(run_dir), "--episodes", "2", "-o", str(ds)]) == 2  # never overwrites
+    assert "already exists" in capsys.readouterr().err
+    rlpd = tmp_path / "rlpd"
+    rc, out = train("rlpd-pendulum", *SMALL, "critic.num_q=4", "algorithm.utd_ratio=2", f"replay.offline_dataset={ds}", f"run.dir={rlpd}")
+    assert rc == 0, out
+    assert "offline dataset" in out and "2 episodes, 400 steps" in out
+    rows = read_metrics(rlpd)
+    assert rows[-1]["train/updates"] == 2 * (300 - 150)  # the last iteration's steps are collected, not yet trained on
+    replay = load_checkpoint(latest_checkpoint(rlpd))["replay"][0]
+    assert set(replay["rings"]) == {"online"}  # the dataset is re-read at start, not copied into checkpoints
+
+
+def test_rlpd_without_a_dataset_and_mismatched_dataset_are_refused(capsys, tmp_path, no_cluster_start):
+    rc = main(["train", "rlpd-pendulum", f"run.dir={tmp_path / 'r'}", *QUIET])
+    assert rc == 2 and "replay.offline_dataset: rlpd learns from a dataset" in capsys.readouterr().err
+    car = _random_dataset(tmp_path, "MountainCarContinuous-v0", 1, "car")
+    rc = main(["train", "sac-pendulum", f"replay.offline_dataset={car}", f"run.dir={tmp_path / 'r'}", *QUIET])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "replay.offline_dataset: dataset" in err and "(2,)" in err and "(3,)" in err

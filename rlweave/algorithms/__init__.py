@@ -19,7 +19,7 @@ from rlweave.algorithms.losses import (
     total_loss,
     value_loss,
 )
-from rlweave.algorithms.offpolicy import crossq_loss, sac_loss, soft_update
+from rlweave.algorithms.offpolicy import crossq_loss, rlpd_loss, sac_loss, soft_update
 from rlweave.algorithms.registry import (
     ADVANTAGE_ESTIMATORS,
     ALGORITHM_KINDS,
@@ -48,6 +48,7 @@ __all__ = [
     "total_loss",
     "sac_loss",
     "crossq_loss",
+    "rlpd_loss",
     "soft_update",
     "ADVANTAGE_ESTIMATORS",
     "ALGORITHM_KINDS",

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["sac_loss", "crossq_loss", "soft_update"]
+__all__ = ["sac_loss", "crossq_loss", "rlpd_loss", "soft_update"]
 
 
 def _alpha_terms(out: dict, log_alpha: Tensor, log_prob: Tensor, target_entropy: float, autotune: bool) -> None:
@@ -42,28 +42,46 @@ def sac_loss(
     target_entropy: float,
     update_actor: bool = True,
     autotune_alpha: bool = True,
+    target_subset: int | None = None,
+    actor_reduce: str = "min",
 ) -> dict[str, Tensor]:
     """Soft actor-critic (Haarnoja et al. 2018, with automatic entropy tuning).
 
     ``batch``: ``obs`` [B, O], ``action`` [B, A], ``reward`` [B], ``next_obs`` [B, O],
     ``discount`` [B]. ``critic`` / ``target_critic``: :class:`~rlweave.models.QEnsemble`
-    (``[E, B]`` outputs); the target is the minimum over the target ensemble."""
+    (``[E, B]`` outputs). The target is the minimum over the target ensemble, or over a random
+    subset of ``target_subset`` of its members (REDQ/RLPD); the actor maximises the minimum
+    (``actor_reduce="min"``) or the mean (``"mean"``) of the critics."""
     obs, next_obs = batch["obs"], batch["next_obs"]
     alpha = log_alpha.detach().exp()
     with torch.no_grad():
         next_action, next_log_prob = actor.sample(next_obs)
-        next_q = target_critic(next_obs, next_action).min(0).values - alpha * next_log_prob
+        next_qs = target_critic(next_obs, next_action)
+        if target_subset is not None and target_subset < next_qs.shape[0]:
+            next_qs = next_qs[torch.randperm(next_qs.shape[0], device=next_qs.device)[:target_subset]]
+        next_q = next_qs.min(0).values - alpha * next_log_prob
         target = batch["reward"] + batch["discount"] * next_q
     q = critic(obs, batch["action"])
     out: dict[str, Tensor] = {"loss_qvalue": 0.5 * (q - target).square().mean(1).sum()}
     out["q_mean"] = q.detach().mean()
     if update_actor:
         action, log_prob = actor.sample(obs)
-        q_pi = critic(obs, action, detach=True).min(0).values
+        qs = critic(obs, action, detach=True)
+        q_pi = qs.mean(0) if actor_reduce == "mean" else qs.min(0).values
         out["loss_actor"] = (alpha * log_prob - q_pi).mean()
         _alpha_terms(out, log_alpha, log_prob, target_entropy, autotune_alpha)
     out["alpha"] = alpha
     return out
+
+
+def rlpd_loss(batch: dict[str, Tensor], actor, critic, target_critic, log_alpha: Tensor, target_entropy: float,
+              update_actor: bool = True, autotune_alpha: bool = True) -> dict[str, Tensor]:
+    """RLPD (Ball et al. 2023): SAC's update with the target taken as the minimum of 2 randomly
+    chosen members of a (LayerNorm) critic ensemble and the actor trained on the ensemble mean. The
+    rest of RLPD is data and config: symmetric offline/online batches (``replay.offline_share=0.5``),
+    a high update-to-data ratio, ``critic.norm=layer``, ``critic.num_q=10``."""
+    return sac_loss(batch, actor, critic, target_critic, log_alpha, target_entropy, update_actor, autotune_alpha,
+                    target_subset=2, actor_reduce="mean")
 
 
 def crossq_loss(

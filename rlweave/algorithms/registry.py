@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from rlweave.algorithms.advantages import gae, group_normalized_advantages
 from rlweave.algorithms.losses import ppo_loss
-from rlweave.algorithms.offpolicy import crossq_loss, sac_loss
+from rlweave.algorithms.offpolicy import crossq_loss, rlpd_loss, sac_loss
 
 __all__ = [
     "ALGORITHM_KINDS",
@@ -52,6 +52,7 @@ POLICY_LOSSES: dict[str, Callable[..., Any]] = {
     "ppo": ppo_loss,
     "sac": sac_loss,
     "crossq": crossq_loss,
+    "rlpd": rlpd_loss,
 }
 
 
@@ -76,6 +77,7 @@ class AlgorithmSpec:
             (GRPO), so the rollout must run each group to episode end from identical resets.
         description: one line for ``--help`` and docs.
         target_network: off-policy: the learner keeps a Polyak-averaged copy of the critic.
+        needs_dataset: learns from an offline dataset (``replay.offline_dataset``) beside online data.
     """
 
     name: str
@@ -86,6 +88,7 @@ class AlgorithmSpec:
     episodic_groups: bool
     description: str
     target_network: bool = False
+    needs_dataset: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ALGORITHM_KINDS:
@@ -204,5 +207,18 @@ register_algorithm(
         uses_critic=True,
         episodic_groups=False,
         description="CrossQ: SAC without a target network; BatchNorm critics see current and next state-actions jointly",
+    )
+)
+register_algorithm(
+    AlgorithmSpec(
+        name="rlpd",
+        kind="off_policy",
+        advantage=None,
+        loss="rlpd",
+        uses_critic=True,
+        episodic_groups=False,
+        description="RLPD: SAC on symmetric offline/online batches, LayerNorm critic ensemble, min of 2 random target critics",
+        target_network=True,
+        needs_dataset=True,
     )
 )

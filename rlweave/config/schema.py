@@ -147,6 +147,8 @@ class CriticConfig:
 @dataclass
 class ReplayConfig:
     capacity: int = positive(1_000_000)  # transitions per source
+    offline_dataset: Optional[str] = None  # a Minari dataset folder (rlweave collect), replayed beside online data
+    offline_share: float = field(default=0.5, metadata={"min": 0, "max": 1})  # of each batch (RLPD: 0.5)
 
 
 @dataclass

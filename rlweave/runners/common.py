@@ -47,6 +47,18 @@ def check_compatible(cfg: DictConfig):
         build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk, **policy_kwargs(cfg))
     except (ValueError, TypeError) as e:
         raise ConfigError(f"policy.name: {str(e).splitlines()[0]}") from None
+    if spec.needs_dataset and not cfg.replay.offline_dataset:
+        raise ConfigError(
+            f"replay.offline_dataset: {spec.name} learns from a dataset beside online data; "
+            "make one with 'rlweave collect RUN_DIR --episodes N -o FOLDER' and pass its folder"
+        )
+    if spec.kind == "off_policy" and cfg.replay.offline_dataset:
+        from rlweave.workers.datasets import DatasetError, check_spaces
+
+        try:
+            check_spaces(cfg.replay.offline_dataset, obs_space, act_space)
+        except (DatasetError, ImportError) as e:
+            raise ConfigError(f"replay.offline_dataset: {e}") from None
     return obs_space, act_space
 
 

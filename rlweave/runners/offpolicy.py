@@ -40,6 +40,7 @@ from rlweave.runners.evaluate import evaluate_policy
 from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace, truncate_metrics, write_text_atomic
 from rlweave.workers.channels import ChannelSpec
+from rlweave.workers.datasets import load_transitions
 from rlweave.workers.env_worker import EnvWorker
 from rlweave.workers.offpolicy_actor import OffPolicyActorWorker
 from rlweave.workers.replay import ReplayBufferWorker
@@ -92,11 +93,20 @@ class OffPolicyRunner:
         )
         self.groups.append(self.actor)
         # the replay shard lives in the learner's process: sampling is a function call
+        offline = cfg.replay.offline_dataset
+        share = cfg.replay.offline_share if offline else 0.0
+        mix = {"offline": share, "online": 1.0 - share} if offline else {"online": 1.0}
         self.replay = WorkerGroup(
             ReplayBufferWorker, GroupPlacement("replay", list(plan.groups["actor"].slots)), self.cluster,
-            args=(cfg.replay.capacity, cfg.seed, self.trans_spec), colocate_with=self.actor,
+            args=(cfg.replay.capacity, cfg.seed, self.trans_spec, mix, ("offline",)), colocate_with=self.actor,
         )
         self.groups.append(self.replay)
+        if offline:
+            data, self.dataset_stats = load_transitions(offline, self.obs_space, self.act_space, cfg.algorithm.gamma)
+            self.replay.run("add", data, "offline", max(cfg.replay.capacity, len(data["reward"])))
+            s = self.dataset_stats
+            print(f"[rlweave] offline dataset {offline}: {s['episodes']} episodes, {s['steps']} steps, "
+                  f"return {s['return_mean']:.1f} +- {s['return_std']:.1f}; {share:.0%} of every batch")
         self.actor.call_each("configure_replay", [(self.replay.peer(r, self.actor.hosts[r]),) for r in range(self.actor.world_size)]).wait()
         env_cfg = OmegaConf.to_container(cfg.env)
         self.env = WorkerGroup(

@@ -132,11 +132,13 @@ class ReplayBuffer:
     stored but not sampled). A batch of B takes ``round(B * share)`` rows from each source (the
     last source takes the remainder)."""
 
-    def __init__(self, capacity: int, seed: int, mix: dict[str, float] | None = None):
+    def __init__(self, capacity: int, seed: int, mix: dict[str, float] | None = None, transient: tuple[str, ...] = ()):
         self.capacity = int(capacity)
         self.rings: dict[str, _Ring] = {}
         self.rng = np.random.default_rng(seed)
         self.mix = dict(mix or {"online": 1.0})
+        # sources re-read from their files at every start (offline datasets): not written into checkpoints
+        self.transient = set(transient)
 
     def add(self, batch: dict[str, np.ndarray], source: str = "online", capacity: int | None = None) -> None:
         if source not in self.rings:
@@ -169,10 +171,12 @@ class ReplayBuffer:
         return {k: np.concatenate([p[k] for p in parts], axis=1) for k in parts[0]}
 
     def state_dict(self) -> dict:
-        return {"rings": {s: r.state_dict() for s, r in self.rings.items()}, "rng": self.rng.bit_generator.state, "mix": self.mix}
+        rings = {s: r.state_dict() for s, r in self.rings.items() if s not in self.transient}
+        return {"rings": rings, "rng": self.rng.bit_generator.state, "mix": self.mix}
 
     def load_state_dict(self, state: dict) -> None:
-        self.rings = {}
+        """Restores the checkpointed sources; transient ones already loaded stay as they are."""
+        self.rings = {s: r for s, r in self.rings.items() if s in self.transient}
         for s, rs in state["rings"].items():
             ring = _Ring(rs["capacity"])
             ring.load_state_dict(rs)
@@ -187,8 +191,9 @@ class ReplayBufferWorker(Worker):
     serves sampled batches to its actor rank. It is usually placed in the actor's own process
     (``colocate_with``), where a sample is a function call."""
 
-    def __init__(self, capacity: int, seed: int, channel: ChannelSpec | None, mix: dict[str, float] | None = None):
-        self.buffer = ReplayBuffer(capacity, seed=seed * 7919 + self.rank, mix=mix)
+    def __init__(self, capacity: int, seed: int, channel: ChannelSpec | None, mix: dict[str, float] | None = None,
+                 transient: tuple[str, ...] = ()):
+        self.buffer = ReplayBuffer(capacity, seed=seed * 7919 + self.rank, mix=mix, transient=transient)
         self.channel = channel.open() if channel is not None else None
 
     def ingest(self, count: int, timeout: float = 600.0) -> dict:
@@ -209,8 +214,8 @@ class ReplayBufferWorker(Worker):
             versions += np.unique(batch["policy_version"]).tolist()
         return {"transitions": n, "versions": sorted(set(versions))}
 
-    def add(self, batch: dict[str, np.ndarray], source: str = "online") -> int:
-        self.buffer.add(batch, source)
+    def add(self, batch: dict[str, np.ndarray], source: str = "online", capacity: int | None = None) -> int:
+        self.buffer.add(batch, source, capacity)
         return self.buffer.size(source)
 
     def sample(self, batch_size: int, num_batches: int = 1) -> dict[str, np.ndarray]:
