@@ -152,7 +152,7 @@ def cmd_collect(args) -> int:
         return _fail(f"{run_dir / 'config.yaml'}: {e}")
     if cfg.env.chunk != 1:
         return _fail(f"env.chunk: datasets hold one action per step; this run has chunk {cfg.env.chunk}")
-    act = None
+    act_fn = None
     source = "uniform random actions"
     if args.policy != "random":
         ckpts = {p.name: p for p in list_checkpoints(run_dir)}
@@ -165,18 +165,19 @@ def cmd_collect(args) -> int:
         policy.eval()
         deterministic = args.policy == "deterministic"
 
-        def act(obs):
+        def policy_action(obs):
             with torch.inference_mode():
                 a, _, _ = policy.act(torch.as_tensor(obs, dtype=torch.float32)[None], deterministic=deterministic)
             return np.clip(a[0, 0].numpy(), act_space.low, act_space.high) if hasattr(act_space, "low") else a[0, 0].numpy()
 
+        act_fn = policy_action
         source = f"{args.policy} policy of {run_dir.name}/{ckpt.name}"
     kwargs = dict(OmegaConf.to_container(cfg.env.kwargs))
     if cfg.env.max_episode_steps is not None:
         kwargs["max_episode_steps"] = cfg.env.max_episode_steps
     name = re.sub(r"[^A-Za-z0-9_]+", "_", Path(args.out).name).strip("_") or "dataset"
     try:
-        info = collect_dataset(lambda: env_maker(cfg.env.id)(**kwargs), act, args.episodes, args.out, name,
+        info = collect_dataset(lambda: env_maker(cfg.env.id)(**kwargs), act_fn, args.episodes, args.out, name,
                                seed=args.seed, description=f"{cfg.env.id}: {source}")
     except (DatasetError, ImportError) as e:
         return _fail(str(e))

@@ -4,8 +4,6 @@ checked against independent formulas), and the asynchronous runner end to end on
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 from pathlib import Path
@@ -16,6 +14,7 @@ import pytest
 import ray
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 from rlweave.algorithms import crossq_loss, get_algorithm, sac_loss, soft_update
 from rlweave.cli import main
@@ -23,8 +22,8 @@ from rlweave.cluster import Cluster
 from rlweave.models import QEnsemble, SquashedGaussianPolicy, build_policy
 from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint
 from rlweave.workers.replay import NStepWriter, ReplayBuffer
+from tests.helpers import QUIET, read_metrics, run_cli, train
 
-QUIET = ["run.progress=false", "run.tensorboard=false"]
 BOX = gym.spaces.Box(low=-2.0, high=2.0, shape=(2,), dtype=np.float32)
 
 
@@ -273,17 +272,6 @@ def test_registry_knows_the_off_policy_algorithms():
 
 
 # --------------------------------------------------------------------------- runner end to end
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def train(*args: str) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = main(["train", *args])
-    return rc, out.getvalue()
-
-
 @pytest.fixture(scope="module")
 def ray_session():
     if ray.is_initialized():
@@ -327,16 +315,12 @@ def test_same_seed_same_learning_and_resume_continues(ray_session, tmp_path):
     key = ["train/loss_qvalue", "train/loss_actor", "train/alpha", "eval/episode_return"]
     assert [[r.get(k) for k in key] for r in ra] == [[r.get(k) for k in key] for r in rb]
     # resume: more steps on top of the finished run, continuing its counters
-    out = io.StringIO()
-    import omegaconf
-
     cfg_path = a / "config.yaml"
-    cfg = omegaconf.OmegaConf.load(cfg_path)
+    cfg = OmegaConf.load(cfg_path)
     cfg.train.total_env_steps = 600
-    omegaconf.OmegaConf.save(cfg, cfg_path)
-    with contextlib.redirect_stdout(out):
-        rc = main(["resume", str(a)])
-    assert rc == 0, out.getvalue()
+    OmegaConf.save(cfg, cfg_path)
+    rc, out = run_cli("resume", str(a))
+    assert rc == 0, out
     rows = read_metrics(a)
     assert [r["env_steps"] for r in rows] == [100, 200, 300, 400, 500, 600]
     assert rows[4]["samples/ingested"] == 0  # the checkpoint had already taken iteration 4's transitions in

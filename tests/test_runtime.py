@@ -9,14 +9,11 @@ worker process.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -29,28 +26,16 @@ from omegaconf import OmegaConf
 
 from rlweave.cli import main
 from rlweave.cluster import Cluster
+from tests.helpers import QUIET, read_metrics, train
 from tests.nan_env import NAN_ENV_ID
 
-QUIET = ["run.progress=false", "run.tensorboard=false"]
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 # --------------------------------------------------------------------------- helpers
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
 def checkpoints(run_dir: Path) -> list[str]:
     root = run_dir / "checkpoints"
     return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-
-
-def train(*args: str) -> tuple[int, str]:
-    """``rlweave train ...`` in this process; returns (exit code, stdout)."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = main(["train", *args])
-    return rc, out.getvalue()
 
 
 @pytest.fixture(scope="module")

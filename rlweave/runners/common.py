@@ -3,6 +3,12 @@ placement of the env / rollout / actor groups, and the policy's constructor argu
 
 from __future__ import annotations
 
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlweave.algorithms import get_algorithm
@@ -10,6 +16,8 @@ from rlweave.cluster import Cluster, PlacementError, make_plan
 from rlweave.config import ConfigError
 from rlweave.envs import space_info
 from rlweave.models import build_policy
+from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint
+from rlweave.utils.metrics import MetricsWriter, Progress, Trace, truncate_metrics, write_text_atomic
 
 RUNNER_OF_KIND = {"on_policy": "onpolicy", "off_policy": "offpolicy"}
 
@@ -123,3 +131,158 @@ def _check_off_policy(cfg: DictConfig) -> None:
         )
     if len(cfg.algorithm.adam_betas) != 2:
         raise ConfigError(f"algorithm.adam_betas: needs two values, got {list(cfg.algorithm.adam_betas)}")
+
+
+class RunnerBase:
+    """The driver skeleton every embodied runner shares: refuse bad input before anything starts,
+    start or attach to the cluster, seed, write the run's config, resume, loop over iterations with
+    checkpoints and a callback, write a final checkpoint, and shut every group down.
+
+    A runner provides ``_start()`` (its worker groups), ``_iteration(metrics, trace, progress)``
+    (one iteration, returning its metrics record), ``_save()`` and ``_restore_parts(state)``, and
+    may override ``_more()`` (whether to run another iteration), ``_after_iteration(record)``
+    (e.g. re-planning, before the checkpoint) and ``_derived()`` (what config.yaml records)."""
+
+    def __init__(self, cfg: DictConfig, run_dir, resume: bool = False):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.resume = resume
+        self.spec = get_algorithm(cfg.algorithm.name)
+        self.obs_space, self.act_space = check_compatible(cfg)
+        if not cfg.cluster.address:
+            # The embedded cluster's inventory is known in advance: refuse a bad placement before
+            # Ray starts or the run folder is made. (An attached cluster is checked after attaching.)
+            plan_placement(cfg, Cluster.planned(cfg.cluster.num_cpus, cfg.cluster.num_gpus))
+        self.iteration = 0
+        self.env_steps = 0
+        self.wall_offset = 0.0
+        self.groups: list = []
+        self.channels: list = []
+        self.cluster: Cluster | None = None
+        self._last_packet = None
+
+    # ------------------------------------------------------------------ to provide
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def _iteration(self, metrics, trace, progress) -> dict:
+        raise NotImplementedError
+
+    def _save(self) -> None:
+        raise NotImplementedError
+
+    def _restore_parts(self, state: dict) -> None:
+        raise NotImplementedError
+
+    def _more(self) -> bool:
+        return self.env_steps < self.cfg.train.total_env_steps
+
+    def _after_iteration(self, record: dict) -> None:
+        return None
+
+    def _derived(self) -> dict:
+        return self.plan.as_dict()
+
+    # ------------------------------------------------------------------ shared steps
+    def _start_cluster(self, note: str = "") -> None:
+        c = self.cfg.cluster
+        self.cluster = Cluster.start(address=c.address, num_cpus=c.num_cpus, num_gpus=c.num_gpus, dashboard=c.dashboard, local=c.local)
+        self.plan = plan_placement(self.cfg, self.cluster)
+        print(f"[rlweave] {self.cluster.describe()}")
+        print(f"[rlweave] {self.plan.describe()}{note}")
+
+    def _sync_weights(self) -> float:
+        """Actor rank 0's weights to every rollout worker, verified by checksum."""
+        t0 = time.perf_counter()
+        packet = self.actor.call("export_weights", ranks=[0]).wait()[0]
+        checksums = self.rollout.run("load_weights", packet)
+        if any(c != packet.checksum for c in checksums):
+            raise RuntimeError(f"weight sync v{packet.version}: rollout checksums {checksums} != actor {packet.checksum}")
+        self._last_packet = packet
+        return time.perf_counter() - t0
+
+    def _driver_state(self) -> dict:
+        """The driver's counters and random states, for the checkpoint's ``runner`` part."""
+        return {"iteration": self.iteration, "env_steps": self.env_steps, "wall_time": self._wall(),
+                "numpy": np.random.get_state(), "python": random.getstate(), "torch": torch.get_rng_state()}
+
+    def _restore(self) -> None:
+        path = latest_checkpoint(self.run_dir)
+        if path is None:
+            raise FileNotFoundError(f"no checkpoint under {self.run_dir / 'checkpoints'} to resume from")
+        state = load_checkpoint(path)
+        r = state["runner"]
+        self._restore_parts(state)
+        self.iteration, self.env_steps, self.wall_offset = r["iteration"], r["env_steps"], r["wall_time"]
+        np.random.set_state(r["numpy"])
+        random.setstate(r["python"])
+        torch.set_rng_state(r["torch"])
+        truncate_metrics(self.run_dir, self.iteration)
+        print(f"[rlweave] resumed from {path.name}: iteration {self.iteration}, {self.env_steps} env steps")
+
+    def _wall(self) -> float:
+        return self.wall_offset + time.perf_counter() - self._t_start
+
+    def _write_config(self) -> None:
+        cfg = OmegaConf.to_container(self.cfg)
+        cfg["placement"]["derived"] = self._derived()
+        write_text_atomic(self.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(cfg)))
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, on_iteration=None) -> dict:
+        """Trains to the step budget. ``on_iteration(runner, record)`` runs at every iteration
+        boundary (after ``_after_iteration`` and the checkpoint): the place to change the run by
+        API, e.g. ``runner.scale_env(n)``."""
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._t_start = time.perf_counter()
+        last: dict = {}
+        try:
+            self._start()
+            if not self.resume:
+                np.random.seed(cfg.seed)
+                random.seed(cfg.seed)
+                torch.manual_seed(cfg.seed)
+            self._write_config()
+            if self.resume:
+                self._restore()
+            self._sync_weights()
+            metrics = MetricsWriter(self.run_dir, tensorboard=cfg.run.tensorboard)
+            trace = Trace(self.run_dir)
+            progress = Progress(cfg.train.total_env_steps, enabled=cfg.run.progress)
+            try:
+                while self._more():
+                    last = self._iteration(metrics, trace, progress)
+                    self._after_iteration(last)
+                    ce = cfg.train.checkpoint_every
+                    if ce and self.iteration % ce == 0:
+                        self._save()
+                    if on_iteration is not None:
+                        on_iteration(self, last)
+            finally:
+                progress.close()
+                metrics.close()
+                trace.write()
+            ckpt = latest_checkpoint(self.run_dir)
+            if ckpt is None or ckpt.name != f"iter_{self.iteration:08d}":
+                self._save()
+        finally:
+            self.shutdown()
+        return last
+
+    def _on_shutdown(self) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        self._on_shutdown()
+        for g in reversed(self.groups):
+            g.shutdown()  # a group living in another group's processes leaves them to their owner
+        self.groups = []
+        for ch in self.channels:
+            try:
+                ch.close()
+            except Exception:  # noqa: BLE001 - best effort at exit
+                pass
+        self.channels = []
+        if self.cluster is not None:
+            self.cluster.shutdown()

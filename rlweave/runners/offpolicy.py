@@ -22,23 +22,20 @@ share processes when their slots are identical (an action request is then a func
 from __future__ import annotations
 
 import math
-import random
 import time
 import uuid
 from pathlib import Path
 
 import numpy as np
-import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlweave.algorithms import get_algorithm
 from rlweave.channel import Channel
-from rlweave.cluster import Cluster, GroupPlacement, WorkerGroup, wait_all
+from rlweave.cluster import GroupPlacement, WorkerGroup, wait_all
 from rlweave.models import build_policy
-from rlweave.runners.common import check_compatible, plan_placement, policy_kwargs
+from rlweave.runners.common import RunnerBase, policy_kwargs
 from rlweave.runners.evaluate import evaluate_policy
-from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from rlweave.utils.metrics import MetricsWriter, Progress, Trace, truncate_metrics, write_text_atomic
+from rlweave.utils.checkpoint import save_checkpoint
+from rlweave.utils.metrics import MetricsWriter, Progress, Trace
 from rlweave.workers.channels import ChannelSpec
 from rlweave.workers.datasets import load_transitions
 from rlweave.workers.env_worker import EnvWorker
@@ -48,26 +45,13 @@ from rlweave.workers.rollout_worker import RolloutWorker
 from rlweave.workers.weights import resolve_buckets, unpack_into
 
 
-class OffPolicyRunner:
+class OffPolicyRunner(RunnerBase):
     def __init__(self, cfg: DictConfig, run_dir: str | Path, resume: bool = False):
-        self.cfg = cfg
-        self.run_dir = Path(run_dir)
-        self.resume = resume
-        self.spec = get_algorithm(cfg.algorithm.name)
-        self.obs_space, self.act_space = check_compatible(cfg)
-        if not cfg.cluster.address:
-            plan_placement(cfg, Cluster.planned(cfg.cluster.num_cpus, cfg.cluster.num_gpus))
-        self.iteration = 0
-        self.env_steps = 0  # collected
+        super().__init__(cfg, run_dir, resume)
         self.ingested_steps = 0  # handed to the learner (the updates due are counted on these)
         self.updates = 0
         self.pending_items = 0  # transition batches in the channel, not yet ingested
         self.pending_steps = 0
-        self.wall_offset = 0.0
-        self.groups: list[WorkerGroup] = []
-        self.channels: list[Channel] = []
-        self.cluster: Cluster | None = None
-        self._last_packet = None
 
     @property
     def steps_per_iteration(self) -> int:
@@ -77,11 +61,8 @@ class OffPolicyRunner:
     # ------------------------------------------------------------------ set-up
     def _start(self) -> None:
         cfg = self.cfg
-        c = cfg.cluster
-        self.cluster = Cluster.start(address=c.address, num_cpus=c.num_cpus, num_gpus=c.num_gpus, dashboard=c.dashboard, local=c.local)
-        plan = self.plan = plan_placement(cfg, self.cluster)
-        print(f"[rlweave] {self.cluster.describe()}")
-        print(f"[rlweave] {plan.describe()}")
+        self._start_cluster()
+        plan = self.plan
         self.trans_spec = ChannelSpec(f"{uuid.uuid4().hex[:8]}/transitions", local=self.cluster.local)
         if not self.trans_spec.local:
             self.channels.append(Channel.create(self.trans_spec.name))
@@ -125,15 +106,6 @@ class OffPolicyRunner:
         self.env.call_each("configure_rollout", [(self.rollout.peer(e % n_roll, self.env.hosts[e]),) for e in range(self.env.world_size)]).wait()
         self.eval_policy = build_policy(observation_space=self.obs_space, action_space=self.act_space, chunk=cfg.env.chunk, **self.pkw)
 
-    def _sync_weights(self) -> float:
-        t0 = time.perf_counter()
-        packet = self.actor.call("export_weights", ranks=[0]).wait()[0]
-        checksums = self.rollout.run("load_weights", packet)
-        if any(c != packet.checksum for c in checksums):
-            raise RuntimeError(f"weight sync v{packet.version}: rollout checksums {checksums} != actor {packet.checksum}")
-        self._last_packet = packet
-        return time.perf_counter() - t0
-
     # ------------------------------------------------------------------ checkpoints
     def _save(self) -> None:
         if self.pending_items:  # a checkpoint holds every collected transition: take them in now
@@ -145,78 +117,17 @@ class OffPolicyRunner:
             "replay": self.replay.run("state_dict"),
             "envs": self.env.run("state_dict"),
             "rollouts": self.rollout.run("state_dict"),
-            "runner": {
-                "iteration": self.iteration,
-                "env_steps": self.env_steps,
-                "ingested_steps": self.ingested_steps,
-                "updates": self.updates,
-                "wall_time": self._wall(),
-                "numpy": np.random.get_state(),
-                "python": random.getstate(),
-                "torch": torch.get_rng_state(),
-            },
+            "runner": {**self._driver_state(), "ingested_steps": self.ingested_steps, "updates": self.updates},
         }
         save_checkpoint(self.run_dir, self.iteration, parts, keep=self.cfg.train.keep_checkpoints)
 
-    def _restore(self) -> None:
-        path = latest_checkpoint(self.run_dir)
-        if path is None:
-            raise FileNotFoundError(f"no checkpoint under {self.run_dir / 'checkpoints'} to resume from")
-        state = load_checkpoint(path)
+    def _restore_parts(self, state: dict) -> None:
         r = state["runner"]
         self.actor.run("load_state_dict", state["actor"])
         self.replay.call_each("load_state_dict", [(s,) for s in state["replay"]]).wait()
         self.env.call_each("load_state_dict", [(s,) for s in state["envs"]]).wait()
         self.rollout.call_each("load_state_dict", [(s,) for s in state["rollouts"]]).wait()
-        self.iteration, self.env_steps = r["iteration"], r["env_steps"]
         self.ingested_steps, self.updates = r["ingested_steps"], r["updates"]
-        self.wall_offset = r["wall_time"]
-        np.random.set_state(r["numpy"])
-        random.setstate(r["python"])
-        torch.set_rng_state(r["torch"])
-        truncate_metrics(self.run_dir, self.iteration)
-        print(f"[rlweave] resumed from {path.name}: iteration {self.iteration}, {self.env_steps} env steps")
-
-    def _wall(self) -> float:
-        return self.wall_offset + time.perf_counter() - self._t_start
-
-    # ------------------------------------------------------------------ the loop
-    def run(self, on_iteration=None) -> dict:
-        cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._t_start = time.perf_counter()
-        last: dict = {}
-        try:
-            self._start()
-            if not self.resume:
-                np.random.seed(cfg.seed)
-                random.seed(cfg.seed)
-                torch.manual_seed(cfg.seed)
-            self._write_config()
-            if self.resume:
-                self._restore()
-            self._sync_weights()
-            metrics = MetricsWriter(self.run_dir, tensorboard=cfg.run.tensorboard)
-            trace = Trace(self.run_dir)
-            progress = Progress(cfg.train.total_env_steps, enabled=cfg.run.progress)
-            try:
-                while self.env_steps < cfg.train.total_env_steps:
-                    last = self._iteration(metrics, trace, progress)
-                    ce = cfg.train.checkpoint_every
-                    if ce and self.iteration % ce == 0:
-                        self._save()
-                    if on_iteration is not None:
-                        on_iteration(self, last)
-            finally:
-                progress.close()
-                metrics.close()
-                trace.write()
-            ckpt = latest_checkpoint(self.run_dir)
-            if ckpt is None or ckpt.name != f"iter_{self.iteration:08d}":
-                self._save()
-        finally:
-            self.shutdown()
-        return last
 
     def _updates_due(self, steps: int) -> int:
         """Updates the learner owes once ``steps`` env steps have reached it: ``utd_ratio`` per
@@ -304,21 +215,3 @@ class OffPolicyRunner:
         unpack_into(self.eval_policy, resolve_buckets(packet.buckets))
         env_cfg = OmegaConf.to_container(self.cfg.env)
         return evaluate_policy(self.eval_policy, env_cfg, self.cfg.train.eval_episodes, seed=self.cfg.seed + 10_000 + self.iteration, gamma=self.cfg.algorithm.gamma)
-
-    def _write_config(self) -> None:
-        cfg = OmegaConf.to_container(self.cfg)
-        cfg["placement"]["derived"] = self.plan.as_dict()
-        write_text_atomic(self.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(cfg)))
-
-    def shutdown(self) -> None:
-        for g in reversed(self.groups):
-            g.shutdown()
-        self.groups = []
-        for ch in self.channels:
-            try:
-                ch.close()
-            except Exception:  # noqa: BLE001 - best effort at exit
-                pass
-        self.channels = []
-        if self.cluster is not None:
-            self.cluster.shutdown()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import time
 import uuid
 from pathlib import Path
@@ -28,18 +27,16 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlweave.algorithms import get_algorithm
 from rlweave.channel import Channel
-from rlweave.cluster import Cluster, GroupPlacement, PlacementError, WorkerGroup, make_plan, wait_all
+from rlweave.cluster import Cluster, GroupPlacement, PlacementError, WorkerGroup, wait_all
 from rlweave.config import ConfigError
-from rlweave.envs import space_info
 from rlweave.flow import FlowPlan, Measurement, Planner, Prediction, plan_from_groups
 from rlweave.flow.profile import measure_stage_costs
 from rlweave.models import build_policy
-from rlweave.runners.common import check_compatible, plan_placement, policy_kwargs
+from rlweave.runners.common import RunnerBase, check_compatible, policy_kwargs
 from rlweave.runners.evaluate import evaluate_policy
-from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from rlweave.utils.metrics import MetricsWriter, Progress, Trace, truncate_metrics, write_text_atomic
+from rlweave.utils.checkpoint import save_checkpoint
+from rlweave.utils.metrics import MetricsWriter, Progress, Trace, write_text_atomic
 from rlweave.workers.actor_worker import ActorWorker
 from rlweave.workers.channels import ChannelSpec
 from rlweave.workers.env_worker import EnvWorker
@@ -68,31 +65,17 @@ def offline_planner(cfg: DictConfig, cluster: Cluster) -> Planner:
     return planner
 
 
-class OnPolicyRunner:
+class OnPolicyRunner(RunnerBase):
     def __init__(self, cfg: DictConfig, run_dir: str | Path, resume: bool = False):
-        self.cfg = cfg
-        self.run_dir = Path(run_dir)
-        self.resume = resume
-        self.spec = get_algorithm(cfg.algorithm.name)
-        self.obs_space, self.act_space = check_compatible(cfg)
-        if not cfg.cluster.address:
-            # The embedded cluster's inventory is known in advance: refuse a bad placement before
-            # Ray starts or the run folder is made. (An attached cluster is checked after attaching.)
-            plan_placement(cfg, Cluster.planned(cfg.cluster.num_cpus, cfg.cluster.num_gpus))
+        super().__init__(cfg, run_dir, resume)
         e = cfg.env
         self.total_envs = e.num_workers * e.num_envs  # of the logical workflow: plans never change it
         if e.num_envs % cfg.rollout.micro_batches:
             raise ConfigError(f"rollout.micro_batches: {cfg.rollout.micro_batches} must divide env.num_envs ({e.num_envs})")
-        self.iteration = 0
         self.version = 0
-        self.env_steps = 0
-        self.wall_offset = 0.0
         self.generation = 0  # env group rebuilds so far: new env workers get fresh seeds
         self.env: WorkerGroup | None = None
         self.rollout: WorkerGroup | None = None
-        self.groups: list[WorkerGroup] = []
-        self.channels: list[Channel] = []
-        self.cluster: Cluster | None = None
         self.flow: FlowPlan | None = None
         self.recording = False  # env and rollout workers record per-micro-batch trace events
         self.planner: Planner | None = None
@@ -116,11 +99,8 @@ class OnPolicyRunner:
     # ------------------------------------------------------------------ set-up
     def _start(self) -> None:
         cfg = self.cfg
-        c = cfg.cluster
-        self.cluster = Cluster.start(address=c.address, num_cpus=c.num_cpus, num_gpus=c.num_gpus, dashboard=c.dashboard, local=c.local)
-        plan = self.plan = plan_placement(cfg, self.cluster)
-        print(f"[rlweave] {self.cluster.describe()}")
-        print(f"[rlweave] {plan.describe()}" + (" (start of placement.mode=auto)" if cfg.placement.mode == "auto" else ""))
+        self._start_cluster(" (start of placement.mode=auto)" if cfg.placement.mode == "auto" else "")
+        plan = self.plan
         n_act = plan.groups["actor"].num_workers
         run_id = uuid.uuid4().hex[:8]
         self.traj_spec = ChannelSpec(f"{run_id}/trajectories", local=self.cluster.local)
@@ -213,15 +193,6 @@ class OnPolicyRunner:
         if packet is not None:
             self.rollout.run("load_weights", packet)
 
-    def _sync_weights(self) -> float:
-        t0 = time.perf_counter()
-        packet = self.actor.call("export_weights", ranks=[0]).wait()[0]
-        checksums = self.rollout.run("load_weights", packet)
-        if any(c != packet.checksum for c in checksums):
-            raise RuntimeError(f"weight sync v{packet.version}: rollout checksums {checksums} != actor {packet.checksum}")
-        self._last_packet = packet
-        return time.perf_counter() - t0
-
     # ------------------------------------------------------------------ scaling
     def scale_env(self, num_workers: int) -> None:
         """Adds or removes env workers at an iteration boundary (by API; the planner changes the
@@ -251,13 +222,8 @@ class OnPolicyRunner:
             "envs": self.env.run("state_dict"),
             "rollouts": self.rollout.run("state_dict"),
             "runner": {
-                "iteration": self.iteration,
+                **self._driver_state(),
                 "version": self.version,
-                "env_steps": self.env_steps,
-                "wall_time": self._wall(),
-                "numpy": np.random.get_state(),
-                "python": random.getstate(),
-                "torch": torch.get_rng_state(),
                 "flow": self.flow.as_tuple(),
                 "planner": self.planner.state_dict() if self.planner else None,
                 "planner_run": {
@@ -270,11 +236,7 @@ class OnPolicyRunner:
         }
         save_checkpoint(self.run_dir, self.iteration, parts, keep=self.cfg.train.keep_checkpoints)
 
-    def _restore(self) -> None:
-        path = latest_checkpoint(self.run_dir)
-        if path is None:
-            raise FileNotFoundError(f"no checkpoint under {self.run_dir / 'checkpoints'} to resume from")
-        state = load_checkpoint(path)
+    def _restore_parts(self, state: dict) -> None:
         r = state["runner"]
         if r.get("flow") is not None and FlowPlan.from_tuple(r["flow"]) != self.flow:
             self._apply_flow(FlowPlan.from_tuple(r["flow"]))
@@ -289,56 +251,13 @@ class OnPolicyRunner:
         self.actor.run("load_state_dict", state["actor"])
         self.env.call_each("load_state_dict", [(s,) for s in state["envs"]]).wait()
         self.rollout.call_each("load_state_dict", [(s,) for s in state["rollouts"]]).wait()
-        self.iteration, self.version, self.env_steps = r["iteration"], r["version"], r["env_steps"]
-        self.wall_offset = r["wall_time"]
-        np.random.set_state(r["numpy"])
-        random.setstate(r["python"])
-        torch.set_rng_state(r["torch"])
-        truncate_metrics(self.run_dir, self.iteration)
-        print(f"[rlweave] resumed from {path.name}: iteration {self.iteration}, {self.env_steps} env steps")
+        self.version = r["version"]
 
-    def _wall(self) -> float:
-        return self.wall_offset + time.perf_counter() - self._t_start
+    def _more(self) -> bool:
+        return self.iteration < self.iterations and self.env_steps < self.cfg.train.total_env_steps
 
-    # ------------------------------------------------------------------ the loop
-    def run(self, on_iteration=None) -> dict:
-        """Trains to the step budget. ``on_iteration(runner, record)`` runs at every iteration
-        boundary (after planning): the place to change the run by API, e.g. ``runner.scale_env(n)``."""
-        cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._t_start = time.perf_counter()
-        last: dict = {}
-        try:
-            self._start()
-            if not self.resume:
-                np.random.seed(cfg.seed)
-                random.seed(cfg.seed)
-                torch.manual_seed(cfg.seed)
-            self._write_config()
-            if self.resume:
-                self._restore()
-            self._sync_weights()
-            metrics = MetricsWriter(self.run_dir, tensorboard=cfg.run.tensorboard)
-            trace = Trace(self.run_dir)
-            progress = Progress(cfg.train.total_env_steps, enabled=cfg.run.progress)
-            try:
-                while self.iteration < self.iterations and self.env_steps < cfg.train.total_env_steps:
-                    last = self._iteration(metrics, trace, progress)
-                    self._replan(last)
-                    ce = cfg.train.checkpoint_every
-                    if ce and self.iteration % ce == 0:
-                        self._save()  # after planning: a resumed run continues under the plan chosen here
-                    if on_iteration is not None:
-                        on_iteration(self, last)
-            finally:
-                progress.close()
-                metrics.close()
-                trace.write()
-            if not latest_checkpoint(self.run_dir) or latest_checkpoint(self.run_dir).name != f"iter_{self.iteration:08d}":
-                self._save()
-        finally:
-            self.shutdown()
-        return last
+    def _after_iteration(self, record: dict) -> None:
+        self._replan(record)  # before the checkpoint: a resumed run continues under the plan chosen here
 
     def _replan(self, record: dict) -> None:
         """``placement.mode=auto``: feed the planner, then pick the next plan at this iteration
@@ -513,25 +432,12 @@ class OnPolicyRunner:
         env_cfg = OmegaConf.to_container(self.cfg.env)
         return evaluate_policy(self.eval_policy, env_cfg, self.cfg.train.eval_episodes, seed=self.cfg.seed + 10_000 + self.iteration, gamma=self.cfg.algorithm.gamma)
 
-    def _write_config(self) -> None:
-        cfg = OmegaConf.to_container(self.cfg)
-        cfg["placement"]["derived"] = {**self.plan.as_dict(), "flow": self.flow.as_dict()}
-        write_text_atomic(self.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    def _derived(self) -> dict:
+        return {**self.plan.as_dict(), "flow": self.flow.as_dict()}
 
-    def shutdown(self) -> None:
+    def _on_shutdown(self) -> None:
         if self.plan_log:
             write_text_atomic(self.run_dir / "plans.json", json.dumps(self.plan_log, indent=1))
-        for g in reversed(self.groups):
-            g.shutdown()  # a group living in another group's processes leaves them to their owner
-        self.groups = []
-        for ch in self.channels:
-            try:
-                ch.close()
-            except Exception:  # noqa: BLE001 - best effort at exit
-                pass
-        self.channels = []
-        if self.cluster is not None:
-            self.cluster.shutdown()
 
 
 def _physical_cores(cluster: Cluster) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -103,8 +104,10 @@ def collect_dataset(
     with tempfile.TemporaryDirectory(prefix="rlweave-minari-") as root:
         os.environ["MINARI_DATASETS_PATH"] = root  # Minari writes under its root; the folder then moves to ``out``
         try:
-            env.create_dataset(dataset_id=dataset_id, eval_env=env.spec, algorithm_name="rlweave", author="rlweave",
-                               description=description or None)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", category=UserWarning, module="minari")  # optional metadata (email, permalink)
+                env.create_dataset(dataset_id=dataset_id, eval_env=env.spec, algorithm_name="rlweave", author="rlweave",
+                                   description=description or None)
         finally:
             if previous is None:
                 os.environ.pop("MINARI_DATASETS_PATH", None)
