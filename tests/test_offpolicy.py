@@ -130,8 +130,8 @@ def test_squashed_gaussian_log_prob_matches_torch_distributions():
     obs = torch.randn(5, 3)
     noise = torch.randn(5, 2)
     action, log_prob = pol.sample(obs, noise=noise)
-    h = pol.body(obs)
-    mean, std = pol.mean_head(h), pol.log_std_head(h).clamp(-20, 2).exp()
+    mean, log_std = pol.head(pol.body(obs)).chunk(2, dim=-1)
+    std = log_std.clamp(-20, 2).exp()
     base = torch.distributions.Normal(mean, std)
     squashed = torch.distributions.TransformedDistribution(base, [torch.distributions.TanhTransform(cache_size=1)])
     y = torch.tanh(mean + noise * std)
@@ -193,6 +193,21 @@ def test_q_ensemble_layer_norm_and_batch_norm():
     before = bn.running_mean_0.clone()
     bn(obs, act.repeat(11, 1)[:64], batch_stats=False)  # running statistics: nothing moves
     assert torch.equal(before, bn.running_mean_0)
+
+
+def test_q_ensemble_batch_norm_forward_matches_the_textbook_formula():
+    torch.manual_seed(0)
+    q = QEnsemble(3, 1, hidden=(8,), num_q=2, norm="batch")
+    obs, act = torch.randn(32, 3) * 3 + 1, torch.randn(32, 1)
+
+    def bn(h, k):
+        m, v = h.mean(1, keepdim=True), h.var(1, keepdim=True, unbiased=False)
+        return (h - m) / torch.sqrt(v + 1e-3) * q.norm_weight[k] + q.norm_bias[k]
+
+    h = bn(torch.cat([obs, act], -1).unsqueeze(0).expand(2, 32, 4), 0)
+    h = torch.relu(bn(torch.baddbmm(q.biases[0], h, q.weights[0]), 1))
+    expected = torch.baddbmm(q.biases[1], h, q.weights[1]).squeeze(-1)
+    assert torch.allclose(q(obs, act), expected, atol=1e-5)
 
 
 # --------------------------------------------------------------------------- losses

@@ -34,8 +34,8 @@ _LOG2 = math.log(2.0)
 
 
 class SquashedGaussianPolicy(nn.Module):
-    """tanh-squashed Gaussian actor on flat observations (SAC/SB3 layout: MLP trunk, mean and
-    log-std heads, log-std clamped to ``log_std_bounds``)."""
+    """tanh-squashed Gaussian actor on flat observations (SAC/SB3 layout: MLP trunk, one linear head for
+    means and log-stds, log-stds clamped to ``log_std_bounds``)."""
 
     has_critic = False
     discrete = False
@@ -62,8 +62,7 @@ class SquashedGaussianPolicy(nn.Module):
         hidden = tuple(int(h) for h in hidden)
         self.body = _mlp_body(int(obs_dim), hidden, _activation(activation), ortho=False)
         feat = hidden[-1] if hidden else int(obs_dim)
-        self.mean_head = nn.Linear(feat, self.head_dim)
-        self.log_std_head = nn.Linear(feat, self.head_dim)
+        self.head = nn.Linear(feat, 2 * self.head_dim)  # means, then log-stds: one matmul for both
         self.log_std_min, self.log_std_max = (float(b) for b in log_std_bounds)
         low = np.tile(np.asarray(action_space.low, dtype=np.float32).reshape(-1), self.chunk)
         high = np.tile(np.asarray(action_space.high, dtype=np.float32).reshape(-1), self.chunk)
@@ -73,9 +72,8 @@ class SquashedGaussianPolicy(nn.Module):
     def sample(self, obs: Tensor, noise: Tensor | None = None, deterministic: bool = False) -> tuple[Tensor, Tensor]:
         """Action in the env's bounds [B, head_dim] and its log-prob [B] (of the squashed action
         in [-1, 1]); differentiable with respect to the parameters."""
-        h = self.body(obs.to(self.mean_head.weight.dtype))
-        mean = self.mean_head(h)
-        log_std = self.log_std_head(h).clamp(self.log_std_min, self.log_std_max)
+        mean, log_std = self.head(self.body(obs.to(self.head.weight.dtype))).chunk(2, dim=-1)
+        log_std = log_std.clamp(self.log_std_min, self.log_std_max)
         if deterministic:
             u = mean
             eps = torch.zeros_like(mean)
@@ -178,12 +176,14 @@ class QEnsemble(nn.Module):
     def _batch_norm(self, h: Tensor, k: int, p, batch_stats: bool) -> Tensor:
         mean_buf, var_buf = getattr(self, f"running_mean_{k}"), getattr(self, f"running_var_{k}")
         if batch_stats:
-            mean = h.mean(1, keepdim=True)
-            var = h.var(1, keepdim=True, unbiased=False)
+            var, mean = torch.var_mean(h, dim=1, keepdim=True, correction=0)
             with torch.no_grad():
                 n = h.shape[1]
                 mean_buf.lerp_(mean.detach(), self.bn_momentum)
                 var_buf.lerp_(var.detach() * (n / max(n - 1, 1)), self.bn_momentum)
         else:
             mean, var = mean_buf, var_buf
-        return (h - mean) * torch.rsqrt(var + self.bn_eps) * p(self.norm_weight[k]) + p(self.norm_bias[k])
+        # (h - mean) / sqrt(var + eps) * w + b as one pass over h: the per-feature scale and shift
+        # are [E, 1, H], so only the final multiply-add touches the whole batch
+        scale = torch.rsqrt(var + self.bn_eps) * p(self.norm_weight[k])
+        return torch.addcmul(p(self.norm_bias[k]) - mean * scale, h, scale)
