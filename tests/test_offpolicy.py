@@ -342,6 +342,20 @@ def test_same_seed_same_learning_and_resume_continues(ray_session, tmp_path):
     assert rows[5]["train/updates"] == 150 + 100 + 100
 
 
+def test_checkpoints_every_iteration_take_the_pending_transitions_in(ray_session, tmp_path):
+    run_dir = tmp_path / "ckpt"
+    rc, out = train("sac-pendulum", *SMALL, "train.checkpoint_every=1", "train.keep_checkpoints=10", f"run.dir={run_dir}")
+    assert rc == 0, out
+    rows = read_metrics(run_dir)
+    # every checkpoint ingested its iteration's transitions, so each iteration's train call finds none
+    assert [r["samples/ingested"] for r in rows] == [0, 0, 0, 0]
+    # the learner sees the same data in each iteration as without checkpoints (the same updates are due)
+    assert [r["samples/updates"] for r in rows] == [0, 0, 50, 100]
+    assert all(r["samples/staleness"] == 0 for r in rows)
+    sizes = [load_checkpoint(p)["replay"][0]["rings"]["online"]["size"] for p in sorted((run_dir / "checkpoints").iterdir())]
+    assert sizes == [100, 200, 300, 400]
+
+
 def test_collect_then_train_mode_has_no_staleness(ray_session, tmp_path):
     run_dir = tmp_path / "sync"
     rc, out = train("crossq-pendulum", *SMALL, "train.max_staleness=0", f"run.dir={run_dir}")

@@ -109,7 +109,7 @@ class OffPolicyRunner(RunnerBase):
     # ------------------------------------------------------------------ checkpoints
     def _save(self) -> None:
         if self.pending_items:  # a checkpoint holds every collected transition: take them in now
-            self.actor.run("train", 0, self.pending_items)
+            self.actor.run("ingest", self.pending_items)
             self.ingested_steps += self.pending_steps
             self.pending_items = self.pending_steps = 0
         parts = {

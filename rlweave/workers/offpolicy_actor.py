@@ -82,13 +82,11 @@ class OffPolicyActorWorker(Worker):
         return self.replay.result(self.replay.submit(method, *args))[0]
 
     # ------------------------------------------------------------------ training
-    def train(self, num_updates: int, ingest: int, max_staleness: int | None = None) -> dict:
-        """Ingests ``ingest`` transition batches from the channel into replay, then runs
-        ``num_updates`` gradient updates on uniformly sampled batches, and moves to the next policy
-        version. ``max_staleness``: refuse transitions produced by a policy more than that many
-        versions behind this one (random warm-up actions carry version -1 and are exempt)."""
-        t0 = time.perf_counter()
-        got = self._call_replay("ingest", ingest)
+    def ingest(self, count: int, max_staleness: int | None = None) -> dict:
+        """Moves ``count`` transition batches from the channel into replay. ``max_staleness``:
+        refuse transitions produced by a policy more than that many versions behind this one
+        (random warm-up actions carry version -1 and dataset rows -2: both exempt)."""
+        got = self._call_replay("ingest", count)
         acted = [v for v in got["versions"] if v >= 0]
         staleness = self.version - min(acted) if acted else 0
         if max_staleness is not None and staleness > max_staleness:
@@ -96,8 +94,14 @@ class OffPolicyActorWorker(Worker):
                 f"staleness check failed: transitions of policy version {min(acted)} reached the learner at "
                 f"version {self.version} (train.max_staleness={max_staleness})"
             )
+        return {"ingested": got["transitions"], "staleness": staleness}
+
+    def train(self, num_updates: int, ingest: int, max_staleness: int | None = None) -> dict:
+        """Ingests ``ingest`` transition batches, then runs ``num_updates`` gradient updates on
+        uniformly sampled batches, and moves to the next policy version."""
+        t0 = time.perf_counter()
+        out: dict = self.ingest(ingest, max_staleness)
         t1 = time.perf_counter()
-        out: dict = {"ingested": got["transitions"], "staleness": staleness}
         if num_updates > 0:
             out.update(self._update(num_updates))
         self.version += 1
