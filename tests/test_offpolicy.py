@@ -458,3 +458,97 @@ def test_rlpd_without_a_dataset_and_mismatched_dataset_are_refused(capsys, tmp_p
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1
     assert "replay.offline_dataset: dataset" in err and "(2,)" in err and "(3,)" in err
+
+
+# --------------------------------------------------------------------------- imitation
+def test_scripted_pendulum_expert_catches_and_pumps():
+    from rlweave.envs.controllers import pendulum_swing_up
+
+    u = pendulum_swing_up(np.array([[1.0, 0.0, 0.0], [math.cos(0.1), math.sin(0.1), 0.0], [-1.0, 0.0, 1.0], [-1.0, 0.0, -1.0]]))
+    assert u.shape == (4, 1)
+    assert u[0, 0] == 0.0  # upright at rest: nothing to do
+    assert u[1, 0] == pytest.approx(-1.0, abs=1e-6)  # PD catch: -(10 * 0.1)
+    assert u[2, 0] == 2.0 and u[3, 0] == -2.0  # at the bottom, pump energy along the motion (clipped)
+
+
+def test_experts_and_gates():
+    from rlweave.workers.experts import ActionGapGate, ExpertError, load_expert
+
+    obs_space = gym.spaces.Box(-8.0, 8.0, (3,), np.float32)
+    act_space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+    expert = load_expert("rlweave.envs.controllers:pendulum_swing_up", obs_space, act_space)
+    assert expert(np.zeros((5, 3), np.float32)).shape == (5, 1)
+    with pytest.raises(ExpertError, match="cannot import 'rlweave.envs.controllers:nope'"):
+        load_expert("rlweave.envs.controllers:nope", obs_space, act_space)
+    with pytest.raises(ExpertError, match="neither a run folder nor 'module:function'"):
+        load_expert("/no/such/run", obs_space, act_space)
+    with pytest.raises(ExpertError, match=r"returns actions of shape \(3,\), the env needs \(1,\)"):
+        load_expert("numpy:array", obs_space, act_space)  # identity: obs-shaped "actions"
+    gate = ActionGapGate(0.5)
+    assert gate(np.zeros((3, 3)), np.array([[0.0], [0.6], [-0.4]]), np.zeros((3, 1))).tolist() == [False, True, False]
+
+
+def test_one_step_writer_keeps_only_the_chosen_envs():
+    w = NStepWriter(1, 0.9, 3)
+    w.add(np.arange(3.0)[:, None], np.ones((3, 1)), np.array([1.0, 2.0, 3.0]), np.zeros((3, 1)), np.zeros(3, bool), np.zeros(3, bool), 0,
+          keep=np.array([True, False, True]))
+    assert w.pop()["reward"].tolist() == [1.0, 3.0]
+    with pytest.raises(ValueError, match="needs one-step transitions"):
+        NStepWriter(2, 0.9, 1).add(np.zeros((1, 1)), np.zeros((1, 1)), np.zeros(1), np.zeros((1, 1)), np.zeros(1, bool),
+                                   np.zeros(1, bool), 0, keep=np.array([True]))
+
+
+def test_bc_loss_is_the_squared_error_to_the_label():
+    from rlweave.algorithms import bc_loss
+
+    torch.manual_seed(0)
+    actor = SquashedGaussianPolicy(3, BOX, hidden=(8,))
+    obs, label = torch.randn(6, 3), torch.rand(6, 2) * 4 - 2
+    out = bc_loss({"obs": obs, "action": label}, actor)
+    det, _ = actor.sample(obs, deterministic=True)
+    assert out["loss_bc"].item() == pytest.approx(((det - label) ** 2).sum(-1).mean().item(), rel=1e-6)
+
+
+IMITATION = ["policy.hidden=[32,32]", "algorithm.batch_size=32", "train.rollout_steps=50", "train.total_env_steps=300",
+             "train.eval_every=3", "train.eval_episodes=1", "env.num_envs=2", *QUIET]
+
+
+def test_bc_and_dagger_label_every_step_and_follow_the_beta_schedule(ray_session, tmp_path):
+    for recipe in ("bc-pendulum", "dagger-pendulum"):
+        run_dir = tmp_path / recipe
+        rc, out = train(recipe, *IMITATION, f"run.dir={run_dir}")
+        assert rc == 0, out
+        rows = read_metrics(run_dir)
+        assert [r["samples/labels"] for r in rows] == [100, 100, 100]  # 2 envs x 50 steps, every state labelled
+        assert [r["samples/interventions"] for r in rows] == [0, 0, 0]
+        shares = [r["samples/expert_share"] for r in rows]
+        assert shares == ([1.0, 1.0, 1.0] if recipe == "bc-pendulum" else [1.0, 0.0, 0.0])
+        assert [r["samples/updates"] for r in rows] == [100, 100, 100]  # collect, then train: utd 1 on all steps
+        assert "train/loss_bc" in rows[-1] and "eval/episode_return" in rows[-1]
+
+
+class _Operator:
+    """An operator process's decision service: takes over every step of env 0."""
+
+    def decide(self, obs, learner_action):
+        return [i == 0 for i in range(len(obs))]
+
+
+def test_hg_dagger_stores_only_the_steps_an_operator_took_over(ray_session, tmp_path):
+    operator = ray.remote(_Operator).options(name="operator-test").remote()
+    run_dir = tmp_path / "hg"
+    rc, out = train("hg-dagger-pendulum", *IMITATION, "imitation.gate=operator", "imitation.operator=operator-test", f"run.dir={run_dir}")
+    assert rc == 0, out
+    rows = read_metrics(run_dir)
+    assert [r["samples/interventions"] for r in rows] == [50, 50, 50]  # env 0 of 2, every step
+    assert [r["samples/labels"] for r in rows] == [50, 50, 50]
+    replay = load_checkpoint(latest_checkpoint(run_dir))["replay"][0]
+    assert replay["rings"]["online"]["size"] == 150  # only the operator's steps were stored
+    ray.kill(operator)
+
+
+def test_imitation_needs_a_usable_expert(capsys, tmp_path, no_cluster_start):
+    rc = main(["train", "dagger-pendulum", "imitation.expert=null", f"run.dir={tmp_path / 'r'}", *QUIET])
+    assert rc == 2 and "imitation.expert: dagger needs an expert" in capsys.readouterr().err
+    rc = main(["train", "bc-pendulum", "imitation.expert=nosuchmodule:f", f"run.dir={tmp_path / 'r'}", *QUIET])
+    assert rc == 2 and "imitation.expert: cannot import 'nosuchmodule:f'" in capsys.readouterr().err

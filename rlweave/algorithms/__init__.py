@@ -19,6 +19,7 @@ from rlweave.algorithms.losses import (
     total_loss,
     value_loss,
 )
+from rlweave.algorithms.imitation import bc_loss
 from rlweave.algorithms.offpolicy import crossq_loss, rlpd_loss, sac_loss, soft_update
 from rlweave.algorithms.registry import (
     ADVANTAGE_ESTIMATORS,
@@ -49,6 +50,7 @@ __all__ = [
     "sac_loss",
     "crossq_loss",
     "rlpd_loss",
+    "bc_loss",
     "soft_update",
     "ADVANTAGE_ESTIMATORS",
     "ALGORITHM_KINDS",

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from rlweave.algorithms.advantages import gae, group_normalized_advantages
 from rlweave.algorithms.losses import ppo_loss
+from rlweave.algorithms.imitation import bc_loss
 from rlweave.algorithms.offpolicy import crossq_loss, rlpd_loss, sac_loss
 
 __all__ = [
@@ -53,6 +54,7 @@ POLICY_LOSSES: dict[str, Callable[..., Any]] = {
     "sac": sac_loss,
     "crossq": crossq_loss,
     "rlpd": rlpd_loss,
+    "bc": bc_loss,
 }
 
 
@@ -78,6 +80,11 @@ class AlgorithmSpec:
         description: one line for ``--help`` and docs.
         target_network: off-policy: the learner keeps a Polyak-averaged copy of the critic.
         needs_dataset: learns from an offline dataset (``replay.offline_dataset``) beside online data.
+        labelling: imitation: which visited states the expert labels and who acts. ``"expert"``
+            (the expert acts and labels: behaviour cloning), ``"mixture"`` (the expert acts with
+            probability beta, decaying; every state labelled: DAgger), ``"gated"`` (the learner
+            acts; a gate hands control to the expert, and only those states are labelled:
+            HG-DAgger).
     """
 
     name: str
@@ -89,6 +96,7 @@ class AlgorithmSpec:
     description: str
     target_network: bool = False
     needs_dataset: bool = False
+    labelling: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ALGORITHM_KINDS:
@@ -222,3 +230,12 @@ register_algorithm(
         needs_dataset=True,
     )
 )
+for _name, _labelling, _desc in (
+    ("bc", "expert", "behaviour cloning: the expert acts and labels every state; the actor regresses its actions"),
+    ("dagger", "mixture", "DAgger: the learner acts (the expert with a decaying probability), the expert labels every visited state"),
+    ("hg_dagger", "gated", "HG-DAgger: the learner acts, a gate hands control to the expert, only those states are labelled"),
+):
+    register_algorithm(
+        AlgorithmSpec(name=_name, kind="imitation", advantage=None, loss="bc", uses_critic=False,
+                      episodic_groups=False, description=_desc, labelling=_labelling)
+    )

@@ -152,6 +152,18 @@ class ReplayConfig:
 
 
 @dataclass
+class ImitationConfig:
+    """BC / DAgger / HG-DAgger: who labels, who acts."""
+
+    expert: Optional[str] = None  # a run folder (its latest checkpoint) or module:function
+    beta: float = field(default=1.0, metadata={"min": 0, "max": 1})  # DAgger: P(expert acts) in the first iteration
+    beta_decay: float = field(default=0.0, metadata={"min": 0, "max": 1})  # per iteration: beta_i = beta * decay**i
+    gate: str = choice("action_gap", "action_gap", "operator", "none")  # HG-DAgger: who decides to intervene
+    gate_threshold: float = non_negative(0.5)  # action_gap: take over when |learner - expert| > this
+    operator: Optional[str] = None  # gate=operator: name of the operator process's Ray actor
+
+
+@dataclass
 class TrainConfig:
     total_env_steps: int = positive(100_000)
     rollout_steps: int = positive(128)  # policy decisions per env per iteration (max episode steps for GRPO)
@@ -191,5 +203,6 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
+    imitation: ImitationConfig = field(default_factory=ImitationConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     run: RunConfig = field(default_factory=RunConfig)

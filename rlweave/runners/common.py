@@ -19,7 +19,7 @@ from rlweave.models import build_policy
 from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace, truncate_metrics, write_text_atomic
 
-RUNNER_OF_KIND = {"on_policy": "onpolicy", "off_policy": "offpolicy"}
+RUNNER_OF_KIND = {"on_policy": "onpolicy", "off_policy": "offpolicy", "imitation": "offpolicy"}
 
 
 def check_compatible(cfg: DictConfig):
@@ -35,7 +35,7 @@ def check_compatible(cfg: DictConfig):
             f"algorithm.name: '{spec.name}' is an {spec.kind.replace('_', '-')} algorithm; it runs with runner={runner} "
             f"(this config has runner={cfg.runner})"
         )
-    if spec.kind == "off_policy":
+    if spec.kind in ("off_policy", "imitation"):
         _check_off_policy(cfg)
     if cfg.env.num_workers % cfg.actor.num_workers:
         raise ConfigError(
@@ -60,6 +60,15 @@ def check_compatible(cfg: DictConfig):
             f"replay.offline_dataset: {spec.name} learns from a dataset beside online data; "
             "make one with 'rlweave collect RUN_DIR --episodes N -o FOLDER' and pass its folder"
         )
+    if spec.kind == "imitation":
+        from rlweave.workers.experts import ExpertError, load_expert
+
+        if not cfg.imitation.expert:
+            raise ConfigError(f"imitation.expert: {spec.name} needs an expert: a run folder or module:function")
+        try:
+            load_expert(cfg.imitation.expert, obs_space, act_space)
+        except ExpertError as e:
+            raise ConfigError(f"imitation.expert: {e}") from None
     if spec.kind == "off_policy" and cfg.replay.offline_dataset:
         from rlweave.workers.datasets import DatasetError, check_spaces
 

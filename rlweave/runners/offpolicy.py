@@ -1,4 +1,5 @@
-"""The embodied off-policy workflow (SAC, CrossQ, ...): env -> rollout, env -> replay, replay -> actor.
+"""The embodied off-policy workflow (SAC, CrossQ, RLPD, and imitation: BC, DAgger, HG-DAgger):
+env -> rollout, env -> replay, replay -> actor.
 
 Logical workflow::
 
@@ -95,6 +96,9 @@ class OffPolicyRunner(RunnerBase):
             args=(env_cfg, cfg.seed, cfg.algorithm.gamma, None, self.trans_spec, 1),
         )
         self.groups.append(self.env)
+        if self.spec.labelling is not None:  # imitation: the expert lives beside the envs it labels
+            im = cfg.imitation
+            self.env.run("configure_expert", im.expert, im.gate if self.spec.labelling == "gated" else "none", im.gate_threshold, im.operator)
         fused = plan.groups["rollout"].slots == plan.groups["env"].slots
         self.rollout = WorkerGroup(
             RolloutWorker, plan.groups["rollout"], self.cluster,
@@ -141,7 +145,8 @@ class OffPolicyRunner(RunnerBase):
         n_env = self.env.world_size
         random_actions = self.env_steps < cfg.algorithm.learning_starts
         t0 = time.perf_counter()
-        h_env = self.env.call("collect_transitions", t.rollout_steps, cfg.algorithm.n_step, random_actions)
+        beta = cfg.imitation.beta * cfg.imitation.beta_decay ** self.iteration  # DAgger's mixing schedule (0**0 = 1)
+        h_env = self.env.call("collect_transitions", t.rollout_steps, cfg.algorithm.n_step, random_actions, self.spec.labelling, beta)
         if t.max_staleness == 0:  # collect, then train on everything collected so far
             env_out = h_env.wait()
             self.pending_items += n_env
@@ -181,6 +186,10 @@ class OffPolicyRunner(RunnerBase):
         record["samples/updates"] = due
         record["samples/staleness"] = act_out["staleness"]
         record["samples/random_actions"] = int(random_actions)
+        if self.spec.labelling is not None:
+            record["samples/labels"] = sum(o["labels"] for o in env_out)
+            record["samples/interventions"] = sum(o["interventions"] for o in env_out)
+            record["samples/expert_share"] = beta if self.spec.labelling == "mixture" else float(self.spec.labelling == "expert")
         record["time/collect"] = h_env.duration
         record["time/env"] = max(o["time_env"] for o in env_out)
         record["time/env_wait_action"] = max(o["time_wait_action"] for o in env_out)

@@ -168,11 +168,24 @@ class EnvWorker(Worker):
             "events": events,
         }
 
-    def collect_transitions(self, num_steps: int, n_step: int = 1, random_actions: bool = False) -> dict:
+    def configure_expert(self, expert: str, gate: str = "none", threshold: float = 0.5, operator: str | None = None) -> None:
+        """Imitation: the expert that labels this worker's states, and the intervention gate."""
+        from rlweave.workers.experts import load_expert, load_gate
+
+        self.expert = load_expert(expert, self.env.single_observation_space, self.env.single_action_space)
+        self.gate = load_gate(gate, threshold, operator)
+
+    def collect_transitions(self, num_steps: int, n_step: int = 1, random_actions: bool = False,
+                            labelling: str | None = None, beta: float = 0.0) -> dict:
         """Off-policy collection: ``num_steps`` decisions on every env with the rollout worker's
         current policy (or uniform random actions: the warm-up before learning starts), written as
         n-step transitions to this worker's replay shard through the transition channel (one item
-        per call). Each transition carries the policy version that acted."""
+        per call). Each transition carries the policy version that acted.
+
+        Imitation (``labelling`` set, see ``AlgorithmSpec.labelling``): the stored action is the
+        expert's label. ``"expert"``: the expert acts; ``"mixture"``: the expert acts on each env
+        with probability ``beta``, else the learner; ``"gated"``: the learner acts unless the gate
+        hands the step to the expert, and only those steps are stored."""
         env, n = self.env, self.env.num_envs
         if self.writer is None:
             self.writer = NStepWriter(n_step, self.gamma ** env.chunk, n)
@@ -181,15 +194,33 @@ class EnvWorker(Worker):
         start_steps, start_dropped = env.steps, env.dropped_episodes
         t_env = t_wait = t_infer = 0.0
         versions: set[int] = set()
+        labels = interventions = 0
         for t in range(num_steps):
             w0 = time.perf_counter()
+            keep = None
             if random_actions:
                 action = self.random_rng.uniform(space.low, space.high, size=(n, env.chunk, *space.shape)).astype(space.dtype)
                 version = -1  # no policy acted
+            elif labelling == "expert" or (labelling == "mixture" and beta >= 1.0):
+                action, version = None, -1
             else:
                 reply, _ = self.rollout.result(self._request(obs, slice(0, n), None, t))
                 action, version = reply["action"], int(reply["version"])
                 t_infer += reply["compute_s"]
+            stored = None
+            if labelling is not None:
+                label = np.asarray(self.expert(obs), dtype=np.float32).reshape(n, env.chunk, *space.shape)
+                if action is None:
+                    takeover = np.ones(n, dtype=bool)
+                elif labelling == "mixture":
+                    takeover = self.random_rng.random(n) < beta
+                else:  # gated
+                    takeover = np.asarray(self.gate(obs, action.reshape(n, -1), label.reshape(n, -1)), dtype=bool)
+                    keep = takeover
+                    interventions += int(takeover.sum())
+                action = label if action is None else np.where(takeover.reshape(n, *([1] * (label.ndim - 1))), label, action)
+                stored = label
+                labels += int(n if keep is None else keep.sum())
             versions.add(version)
             w1 = time.perf_counter()
             res = env.step(action)
@@ -197,7 +228,8 @@ class EnvWorker(Worker):
             for i, o in res.final_obs.items():
                 next_obs[i] = o  # a truncated episode bootstraps from where it stopped
             done = res.terminated | res.truncated
-            self.writer.add(obs, action.reshape(n, -1), res.reward, next_obs, res.terminated | res.dropped, done | res.dropped, version)
+            self.writer.add(obs, (action if stored is None else stored).reshape(n, -1), res.reward, next_obs,
+                            res.terminated | res.dropped, done | res.dropped, version, keep=keep)
             obs = res.obs
             t_wait += w1 - w0
             t_env += time.perf_counter() - w1
@@ -210,6 +242,8 @@ class EnvWorker(Worker):
             "env_rank": self.rank,
             "env_steps": env.steps - start_steps,
             "transitions": 0 if batch is None else len(batch["reward"]),
+            "labels": labels,
+            "interventions": interventions,
             "versions": sorted(versions),
             "episodes": env.episode_stats(),
             "dropped_episodes": env.dropped_episodes - start_dropped,

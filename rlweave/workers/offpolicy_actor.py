@@ -1,5 +1,5 @@
-"""Off-policy actor worker: the learner of SAC, CrossQ and the other actor-critic algorithms of the
-registry that learn from replay.
+"""Off-policy actor worker: the learner of SAC, CrossQ, RLPD and the imitation algorithms (BC,
+DAgger, HG-DAgger) of the registry: everything that learns from replay.
 
 It holds the actor (the policy the rollout workers run), a critic ensemble, an optional Polyak
 target copy, and the entropy temperature; its replay shard is a :class:`~rlweave.cluster.Peer`
@@ -53,7 +53,7 @@ class OffPolicyActorWorker(Worker):
             int(np.prod(observation_space.shape)), self.policy.head_dim,
             hidden=tuple(critic_cfg["hidden"]), num_q=critic_cfg["num_q"], activation=critic_cfg["activation"],
             norm=None if critic_cfg["norm"] == "none" else critic_cfg["norm"], bn_momentum=critic_cfg["bn_momentum"],
-        )
+        ) if self.spec.uses_critic else None  # imitation learns the actor alone
         self.target = copy.deepcopy(self.critic).requires_grad_(False) if self.spec.target_network else None
         self.log_alpha = torch.nn.Parameter(torch.tensor(math.log(algo_cfg["alpha_init"]), dtype=torch.float32, device=self.device))
         for m in (self.policy, self.critic, self.target):
@@ -61,10 +61,11 @@ class OffPolicyActorWorker(Worker):
                 m.to(self.device)
         lr = algo_cfg["lr"]
         by_lr: dict[float, list] = {}  # one param group per distinct learning rate: fewer Python loops per step
-        for params, key in ((self.policy.parameters(), "actor_lr"), (self.critic.parameters(), "critic_lr"), ([self.log_alpha], "alpha_lr")):
+        critic_params = list(self.critic.parameters()) if self.critic is not None else []
+        for params, key in ((self.policy.parameters(), "actor_lr"), (critic_params, "critic_lr"), ([self.log_alpha], "alpha_lr")):
             by_lr.setdefault(float(algo_cfg[key] or lr), []).extend(params)
         self.optimizer = torch.optim.Adam(
-            [{"params": ps, "lr": group_lr} for group_lr, ps in by_lr.items()], betas=tuple(algo_cfg["adam_betas"]), fused=True
+            [{"params": ps, "lr": group_lr} for group_lr, ps in by_lr.items() if ps], betas=tuple(algo_cfg["adam_betas"]), fused=True
         )
         te = algo_cfg["target_entropy"]
         self.target_entropy = -float(self.policy.head_dim) if te is None else float(te)
@@ -102,7 +103,7 @@ class OffPolicyActorWorker(Worker):
         t0 = time.perf_counter()
         out: dict = self.ingest(ingest, max_staleness)
         t1 = time.perf_counter()
-        if num_updates > 0:
+        if num_updates > 0 and self._call_replay("size") > 0:  # (HG-DAgger may have no label yet)
             out.update(self._update(num_updates))
         self.version += 1
         out["time/actor_wait"] = t1 - t0
@@ -145,7 +146,7 @@ class OffPolicyActorWorker(Worker):
     def state_dict(self) -> dict:
         return {
             "policy": self.policy.state_dict(),
-            "critic": self.critic.state_dict(),
+            "critic": self.critic.state_dict() if self.critic is not None else None,
             "target": self.target.state_dict() if self.target is not None else None,
             "log_alpha": self.log_alpha.detach().cpu().clone(),
             "optimizer": self.optimizer.state_dict(),
@@ -156,7 +157,8 @@ class OffPolicyActorWorker(Worker):
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
-        self.critic.load_state_dict(state["critic"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
         if self.target is not None:
             self.target.load_state_dict(state["target"])
         with torch.no_grad():

@@ -40,18 +40,22 @@ class NStepWriter:
         self.pending: list[deque] = [deque() for _ in range(self.num_envs)]
         self._out: list[dict[str, np.ndarray]] = []
 
-    def add(self, obs, action, reward, next_obs, terminated, done, version: int) -> None:
+    def add(self, obs, action, reward, next_obs, terminated, done, version: int, keep: np.ndarray | None = None) -> None:
         """One step of every env: ``next_obs`` is the observation the step reached (the final one
-        when the episode ended there), ``done`` = terminated or truncated."""
+        when the episode ended there), ``done`` = terminated or truncated. ``keep`` (one-step only):
+        store just these envs' transitions (HG-DAgger keeps the steps the expert took over)."""
         reward = np.asarray(reward, dtype=np.float32)
         terminated = np.asarray(terminated, dtype=bool)
         if self.n == 1:  # every step is a finished transition
+            rows = slice(None) if keep is None else np.asarray(keep, dtype=bool)
             self._out.append({
-                "obs": obs, "action": action, "reward": reward, "next_obs": next_obs,
-                "discount": (self.gamma * (~terminated)).astype(np.float32),
-                "policy_version": np.full(len(reward), version, dtype=np.int64),
+                "obs": np.asarray(obs)[rows], "action": np.asarray(action)[rows], "reward": reward[rows],
+                "next_obs": np.asarray(next_obs)[rows], "discount": (self.gamma * (~terminated)).astype(np.float32)[rows],
+                "policy_version": np.full(len(reward), version, dtype=np.int64)[rows],
             })
             return
+        if keep is not None:
+            raise ValueError("NStepWriter: keeping a subset of steps needs one-step transitions (algorithm.n_step=1)")
         rows: list[tuple] = []
         for i in range(self.num_envs):
             q = self.pending[i]

@@ -1,0 +1,114 @@
+"""Experts and intervention gates for imitation learning (BC, DAgger, HG-DAgger).
+
+An *expert* labels states with actions: ``expert(obs [n, obs_dim]) -> actions [n, act_dim]``. It
+is either a trained rlweave run (its latest checkpoint's policy, acting deterministically) or a
+scripted controller named ``module:function`` (see :mod:`rlweave.envs.controllers`).
+
+A *gate* decides, step by step, whether the expert takes over from the learner (HG-DAgger, where
+a human supervises): ``gate(obs, learner_action, expert_action) -> bool [n]``. The packaged rule,
+:class:`ActionGapGate`, stands in for a human who intervenes when the robot visibly deviates from
+what they would do. :class:`OperatorGate` asks a real operator process instead: any process that
+registers a named Ray actor with a ``decide(obs, learner_action) -> list[bool]`` method (a teleop
+console, a safety monitor) can supervise a run, on this machine or across a cluster.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+__all__ = ["load_expert", "load_gate", "ActionGapGate", "OperatorGate", "ExpertError"]
+
+
+class ExpertError(ValueError):
+    """An expert or gate that cannot be loaded; the message is one line."""
+
+
+def _import(target: str):
+    module, _, name = target.partition(":")
+    if not name:
+        raise ExpertError(f"'{target}' is neither a run folder nor 'module:function'")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ExpertError(f"cannot import '{target}': {e}") from None
+
+
+def load_expert(spec: str, observation_space, action_space) -> Callable[[np.ndarray], np.ndarray]:
+    """The expert named by ``spec``: a run folder (its latest checkpoint's policy, deterministic)
+    or ``module:function``. Checks that it returns actions of the env's shape."""
+    from omegaconf import OmegaConf
+
+    from rlweave.config import validate
+    from rlweave.models import build_policy
+    from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint
+
+    path = Path(spec)
+    if (path / "config.yaml").is_file():
+        from rlweave.runners.common import policy_kwargs
+
+        cfg = validate(OmegaConf.load(path / "config.yaml"))
+        ckpt = latest_checkpoint(path)
+        if ckpt is None:
+            raise ExpertError(f"expert run {path} has no checkpoint")
+        policy = build_policy(observation_space=observation_space, action_space=action_space, chunk=1, **policy_kwargs(cfg))
+        try:
+            policy.load_state_dict(load_checkpoint(ckpt)["actor"]["policy"])
+        except RuntimeError as e:
+            raise ExpertError(f"expert run {path}: its policy does not fit this env ({str(e).splitlines()[0]})") from None
+        policy.eval()
+
+        def expert(obs: np.ndarray) -> np.ndarray:
+            with torch.inference_mode():
+                a, _, _ = policy.act(torch.as_tensor(np.asarray(obs), dtype=torch.float32), deterministic=True)
+            return a[:, 0].reshape(len(obs), -1).numpy()
+    else:
+        expert = _import(spec)
+    probe = np.asarray(expert(np.stack([observation_space.sample() for _ in range(2)])))
+    want = (2, int(np.prod(action_space.shape)))
+    if probe.reshape(2, -1).shape != want:
+        raise ExpertError(f"expert '{spec}' returns actions of shape {probe.shape[1:]}, the env needs {tuple(action_space.shape)}")
+    return expert
+
+
+class ActionGapGate:
+    """Intervenes where the learner's action is farther than ``threshold`` (max-norm) from the
+    expert's: a stand-in for a supervisor who takes over when the robot visibly goes wrong."""
+
+    def __init__(self, threshold: float):
+        self.threshold = float(threshold)
+
+    def __call__(self, obs: np.ndarray, learner_action: np.ndarray, expert_action: np.ndarray) -> np.ndarray:
+        gap = np.abs(np.asarray(learner_action).reshape(len(obs), -1) - np.asarray(expert_action).reshape(len(obs), -1))
+        return gap.max(-1) > self.threshold
+
+
+class OperatorGate:
+    """Asks a named Ray actor, run by an operator process, whether to take over:
+    ``decide(obs, learner_action) -> list[bool]``."""
+
+    def __init__(self, actor_name: str, timeout: float = 30.0):
+        import ray
+
+        self.actor = ray.get_actor(actor_name)
+        self.timeout = timeout
+
+    def __call__(self, obs: np.ndarray, learner_action: np.ndarray, expert_action: np.ndarray) -> np.ndarray:
+        import ray
+
+        return np.asarray(ray.get(self.actor.decide.remote(obs, learner_action), timeout=self.timeout), dtype=bool)
+
+
+def load_gate(kind: str, threshold: float, operator: str | None) -> Callable | None:
+    """The gate of ``imitation.gate``: ``none``, ``action_gap`` or ``operator``."""
+    if kind == "none":
+        return None
+    if kind == "action_gap":
+        return ActionGapGate(threshold)
+    if not operator:
+        raise ExpertError("imitation.operator: name the Ray actor of the operator process for imitation.gate=operator")
+    return OperatorGate(operator)
