@@ -6,7 +6,6 @@ Same convention as the other losses: ``loss_*`` terms plus detached diagnostics.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 __all__ = ["bc_loss"]
