@@ -229,6 +229,35 @@ class RunnerBase:
         truncate_metrics(self.run_dir, self.iteration)
         print(f"[rlweave] resumed from {path.name}: iteration {self.iteration}, {self.env_steps} env steps")
 
+    @staticmethod
+    def _episode_metrics(env_out: list[dict]) -> dict:
+        """Training-episode statistics of one iteration, from every env worker's report."""
+        out: dict = {}
+        returns = [r for o in env_out for r in o["episodes"]["return"]]
+        if returns:
+            out["train/episode_return"] = float(np.mean(returns))
+            out["train/episode_length"] = float(np.mean([r for o in env_out for r in o["episodes"]["length"]]))
+            out["train/episodes"] = len(returns)
+        success = [r for o in env_out for r in o["episodes"]["success"]]
+        if success:
+            out["train/success_rate"] = float(np.mean(success))
+        out["train/dropped_episodes"] = sum(o["dropped_episodes"] for o in env_out)
+        return out
+
+    def _finish_record(self, record: dict, metrics, trace, progress, final: bool) -> dict:
+        """Evaluates when due (every ``train.eval_every`` iterations and at the end), then logs the
+        iteration's record and moves the progress line."""
+        ev = self.cfg.train.eval_every
+        if ev and (self.iteration % ev == 0 or final):
+            t_e = time.perf_counter()
+            record.update(self.evaluate())
+            record["time/eval"] = time.perf_counter() - t_e
+            trace.span("driver", "eval", t_e, record["time/eval"])
+        record["wall_time"] = self._wall()
+        metrics.log(record)
+        progress.update(self.iteration, self.env_steps, record.get("train/episode_return"), record.get("eval/episode_return"))
+        return record
+
     def _wall(self) -> float:
         return self.wall_offset + time.perf_counter() - self._t_start
 

@@ -27,7 +27,6 @@ import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from rlweave.channel import Channel
@@ -171,15 +170,7 @@ class OffPolicyRunner(RunnerBase):
         t_sync = self._sync_weights() if self.iteration % t.sync_every == 0 else 0.0
         t_iter = time.perf_counter() - t0
         record: dict = {"iteration": self.iteration, "env_steps": self.env_steps, "wall_time": None}
-        returns = [r for o in env_out for r in o["episodes"]["return"]]
-        if returns:
-            record["train/episode_return"] = float(np.mean(returns))
-            record["train/episode_length"] = float(np.mean([r for o in env_out for r in o["episodes"]["length"]]))
-            record["train/episodes"] = len(returns)
-        success = [r for o in env_out for r in o["episodes"]["success"]]
-        if success:
-            record["train/success_rate"] = float(np.mean(success))
-        record["train/dropped_episodes"] = sum(o["dropped_episodes"] for o in env_out)
+        record.update(self._episode_metrics(env_out))
         record.update({k: v for k, v in act_out.items() if k.startswith("train/")})
         record["samples/produced"] = sum(o["transitions"] for o in env_out)
         record["samples/ingested"] = act_out["ingested"]
@@ -206,17 +197,7 @@ class OffPolicyRunner(RunnerBase):
             trace.span(f"env[{rank}]", "collect_transitions", t0, d)
         trace.span("actor[0]", "train", t1 - act_out["time/actor_train"], act_out["time/actor_train"])
         trace.span("driver", "weight_sync", t1, t_sync)
-        ev = t.eval_every
-        final = self.env_steps >= t.total_env_steps
-        if ev and (self.iteration % ev == 0 or final):
-            t_e = time.perf_counter()
-            record.update(self.evaluate())
-            record["time/eval"] = time.perf_counter() - t_e
-            trace.span("driver", "eval", t_e, record["time/eval"])
-        record["wall_time"] = self._wall()
-        metrics.log(record)
-        progress.update(self.iteration, self.env_steps, record.get("train/episode_return"), record.get("eval/episode_return"))
-        return record
+        return self._finish_record(record, metrics, trace, progress, final=self.env_steps >= t.total_env_steps)
 
     def evaluate(self) -> dict:
         """Deterministic episodes of the learner's latest policy (not the rollout's copy)."""

@@ -352,16 +352,7 @@ class OnPolicyRunner(RunnerBase):
         self.env_steps += steps
         t_iter = time.perf_counter() - t0
         record: dict = {"iteration": self.iteration, "env_steps": self.env_steps, "wall_time": None}
-        returns = [r for o in env_out for r in o["episodes"]["return"]]
-        lengths = [r for o in env_out for r in o["episodes"]["length"]]
-        success = [r for o in env_out for r in o["episodes"]["success"]]
-        if returns:
-            record["train/episode_return"] = float(np.mean(returns))
-            record["train/episode_length"] = float(np.mean(lengths))
-            record["train/episodes"] = len(returns)
-        if success:
-            record["train/success_rate"] = float(np.mean(success))
-        record["train/dropped_episodes"] = sum(o["dropped_episodes"] for o in env_out)
+        record.update(self._episode_metrics(env_out))
         for k in act_out[0]:
             if k.startswith("train/"):
                 record[k] = float(np.mean([a[k] for a in act_out]))
@@ -412,17 +403,8 @@ class OnPolicyRunner(RunnerBase):
         for rank, a in enumerate(act_out):
             trace.span(f"actor[{rank}]", "train", t1 - a["time/actor_train"], a["time/actor_train"])
         trace.span("driver", "weight_sync", t1, t_sync)
-        ev = cfg.train.eval_every
         final = self.iteration >= self.iterations or self.env_steps >= cfg.train.total_env_steps
-        if ev and (self.iteration % ev == 0 or final):
-            t_e = time.perf_counter()
-            record.update(self.evaluate())
-            record["time/eval"] = time.perf_counter() - t_e
-            trace.span("driver", "eval", t_e, record["time/eval"])
-        record["wall_time"] = self._wall()
-        metrics.log(record)
-        progress.update(self.iteration, self.env_steps, record.get("train/episode_return"), record.get("eval/episode_return"))
-        return record
+        return self._finish_record(record, metrics, trace, progress, final)
 
     def actor_shares_rollout_slots(self) -> bool:
         return bool(set(self.actor.placement.slots) & set(self.flow.rollout_slots))
