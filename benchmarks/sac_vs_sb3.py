@@ -26,7 +26,6 @@ median, and the median / min / max of the per-pair ratios.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -36,21 +35,8 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_ADDRESS", "local")  # always an embedded Ray of its own
 
-_HERE = Path(__file__).resolve().parent
-
-
-def _load_common():
-    name = "rlweave_bench__common"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, _HERE / "_common.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-C = _load_common()
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `rlweave bench` loads this file by path
+import _common as C  # noqa: E402
 
 ENV_ID = "Pendulum-v1"
 HIDDEN = [256, 256]
