@@ -35,7 +35,7 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_ADDRESS", "local")  # always an embedded Ray of its own
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # `rlweave bench` loads this file by path
+sys.path.append(str(Path(__file__).resolve().parent))  # `rlweave bench` loads this file by path
 import _common as C  # noqa: E402
 
 ENV_ID = "Pendulum-v1"
