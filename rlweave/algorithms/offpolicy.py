@@ -27,10 +27,25 @@ from torch import Tensor
 __all__ = ["sac_loss", "crossq_loss", "rlpd_loss", "soft_update"]
 
 
-def _alpha_terms(out: dict, log_alpha: Tensor, log_prob: Tensor, target_entropy: float, autotune: bool) -> None:
-    if autotune:
-        out["loss_alpha"] = -(log_alpha * (log_prob.detach() + target_entropy)).mean()
-    out["entropy"] = -log_prob.detach().mean()
+def _shared_terms(out: dict, q: Tensor, target: Tensor, alpha: Tensor, actor, critic, obs: Tensor, log_alpha: Tensor,
+                  target_entropy: float, update_actor: bool, autotune: bool, actor_reduce: str = "min",
+                  batch_stats: bool = True) -> dict[str, Tensor]:
+    """The terms SAC and its variants share once their critic values ``q`` [E, B] and targets are
+    known: the critics' regression (SB3's 0.5-weighted sum of per-critic MSEs), and, on actor
+    steps, the actor's loss through the critic with detached weights (reduced over the ensemble by
+    ``min`` or ``mean``) and the temperature's loss."""
+    out["loss_qvalue"] = 0.5 * (q - target).square().mean(1).sum()
+    out["q_mean"] = q.detach().mean()
+    if update_actor:
+        action, log_prob = actor.sample(obs)
+        qs = critic(obs, action, detach=True, batch_stats=batch_stats)
+        q_pi = qs.mean(0) if actor_reduce == "mean" else qs.min(0).values
+        out["loss_actor"] = (alpha * log_prob - q_pi).mean()
+        if autotune:
+            out["loss_alpha"] = -(log_alpha * (log_prob.detach() + target_entropy)).mean()
+        out["entropy"] = -log_prob.detach().mean()
+    out["alpha"] = alpha
+    return out
 
 
 def sac_loss(
@@ -62,16 +77,8 @@ def sac_loss(
         next_q = next_qs.min(0).values - alpha * next_log_prob
         target = batch["reward"] + batch["discount"] * next_q
     q = critic(obs, batch["action"])
-    out: dict[str, Tensor] = {"loss_qvalue": 0.5 * (q - target).square().mean(1).sum()}
-    out["q_mean"] = q.detach().mean()
-    if update_actor:
-        action, log_prob = actor.sample(obs)
-        qs = critic(obs, action, detach=True)
-        q_pi = qs.mean(0) if actor_reduce == "mean" else qs.min(0).values
-        out["loss_actor"] = (alpha * log_prob - q_pi).mean()
-        _alpha_terms(out, log_alpha, log_prob, target_entropy, autotune_alpha)
-    out["alpha"] = alpha
-    return out
+    return _shared_terms({}, q, target, alpha, actor, critic, obs, log_alpha, target_entropy, update_actor, autotune_alpha,
+                         actor_reduce=actor_reduce)
 
 
 def rlpd_loss(batch: dict[str, Tensor], actor, critic, target_critic, log_alpha: Tensor, target_entropy: float,
@@ -106,15 +113,8 @@ def crossq_loss(
     q_all = critic(torch.cat([obs, next_obs]), torch.cat([batch["action"].to(next_action.dtype), next_action]))
     q, next_q = q_all[:, :B], q_all[:, B:].detach()
     target = batch["reward"] + batch["discount"] * (next_q.min(0).values - alpha * next_log_prob)
-    out: dict[str, Tensor] = {"loss_qvalue": 0.5 * (q - target).square().mean(1).sum()}
-    out["q_mean"] = q.detach().mean()
-    if update_actor:
-        action, log_prob = actor.sample(obs)
-        q_pi = critic(obs, action, detach=True, batch_stats=False).min(0).values
-        out["loss_actor"] = (alpha * log_prob - q_pi).mean()
-        _alpha_terms(out, log_alpha, log_prob, target_entropy, autotune_alpha)
-    out["alpha"] = alpha
-    return out
+    return _shared_terms({}, q, target, alpha, actor, critic, obs, log_alpha, target_entropy, update_actor, autotune_alpha,
+                         batch_stats=False)
 
 
 @torch.no_grad()

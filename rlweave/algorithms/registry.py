@@ -194,42 +194,15 @@ register_algorithm(
         description="GRPO: critic-free, episode scores normalised within groups sharing a reset seed",
     )
 )
-register_algorithm(
-    AlgorithmSpec(
-        name="sac",
-        kind="off_policy",
-        advantage=None,
-        loss="sac",
-        uses_critic=True,
-        episodic_groups=False,
-        description="SAC: squashed-Gaussian actor, twin critics with a Polyak target, automatic entropy tuning",
-        target_network=True,
+for _name, _target, _dataset, _desc in (
+    ("sac", True, False, "SAC: squashed-Gaussian actor, twin critics with a Polyak target, automatic entropy tuning"),
+    ("crossq", False, False, "CrossQ: SAC without a target network; BatchNorm critics see current and next state-actions jointly"),
+    ("rlpd", True, True, "RLPD: SAC on symmetric offline/online batches, LayerNorm critic ensemble, min of 2 random target critics"),
+):
+    register_algorithm(
+        AlgorithmSpec(name=_name, kind="off_policy", advantage=None, loss=_name, uses_critic=True, episodic_groups=False,
+                      description=_desc, target_network=_target, needs_dataset=_dataset)
     )
-)
-register_algorithm(
-    AlgorithmSpec(
-        name="crossq",
-        kind="off_policy",
-        advantage=None,
-        loss="crossq",
-        uses_critic=True,
-        episodic_groups=False,
-        description="CrossQ: SAC without a target network; BatchNorm critics see current and next state-actions jointly",
-    )
-)
-register_algorithm(
-    AlgorithmSpec(
-        name="rlpd",
-        kind="off_policy",
-        advantage=None,
-        loss="rlpd",
-        uses_critic=True,
-        episodic_groups=False,
-        description="RLPD: SAC on symmetric offline/online batches, LayerNorm critic ensemble, min of 2 random target critics",
-        target_network=True,
-        needs_dataset=True,
-    )
-)
 for _name, _labelling, _desc in (
     ("bc", "expert", "behaviour cloning: the expert acts and labels every state; the actor regresses its actions"),
     ("dagger", "mixture", "DAgger: the learner acts (the expert with a decaying probability), the expert labels every visited state"),

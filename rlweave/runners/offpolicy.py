@@ -53,11 +53,6 @@ class OffPolicyRunner(RunnerBase):
         self.pending_items = 0  # transition batches in the channel, not yet ingested
         self.pending_steps = 0
 
-    @property
-    def steps_per_iteration(self) -> int:
-        e = self.cfg.env
-        return e.num_workers * e.num_envs * self.cfg.train.rollout_steps * e.chunk
-
     # ------------------------------------------------------------------ set-up
     def _start(self) -> None:
         cfg = self.cfg
