@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from rlweave.algorithms import crossq_loss, get_algorithm, sac_loss, soft_update
+from rlweave.algorithms import LearnerNets, LossOptions, crossq_loss, get_algorithm, iql_loss, sac_loss, soft_update
 from rlweave.cli import main
 from rlweave.cluster import Cluster
 from rlweave.models import QEnsemble, SquashedGaussianPolicy, build_policy
@@ -225,7 +225,7 @@ def _sac_parts(norm=None):
 def test_sac_loss_values_against_the_formulas():
     actor, critic, target, log_alpha, batch = _sac_parts()
     torch.manual_seed(5)
-    out = sac_loss(batch, actor, critic, target, log_alpha, target_entropy=-2.0)
+    out = sac_loss(batch, LearnerNets(actor, critic, target, log_alpha=log_alpha), LossOptions(target_entropy=-2.0))
     torch.manual_seed(5)  # the same noise: the next action first, then the actor's own
     with torch.no_grad():
         a2, lp2 = actor.sample(batch["next_obs"])
@@ -246,7 +246,8 @@ def test_each_loss_term_trains_only_its_own_parameters(loss_fn, norm):
     for term, own in groups.items():
         for p in [*actor.parameters(), *critic.parameters(), log_alpha]:
             p.grad = None
-        out = loss_fn(batch, actor, critic, None if loss_fn is crossq_loss else target, log_alpha, -2.0)
+        nets = LearnerNets(actor, critic, None if loss_fn is crossq_loss else target, log_alpha=log_alpha)
+        out = loss_fn(batch, nets, LossOptions(target_entropy=-2.0))
         out[term].backward()
         own_ids = {id(p) for p in own}
         for p in [*actor.parameters(), *critic.parameters(), log_alpha]:
@@ -259,16 +260,56 @@ def test_each_loss_term_trains_only_its_own_parameters(loss_fn, norm):
 
 def test_policy_delay_leaves_out_the_actor_and_alpha_terms():
     actor, critic, target, log_alpha, batch = _sac_parts()
-    out = sac_loss(batch, actor, critic, target, log_alpha, -2.0, update_actor=False)
+    nets = LearnerNets(actor, critic, target, log_alpha=log_alpha)
+    out = sac_loss(batch, nets, LossOptions(target_entropy=-2.0), update_actor=False)
     assert set(k for k in out if k.startswith("loss_")) == {"loss_qvalue"}
-    out = sac_loss(batch, actor, critic, target, log_alpha, -2.0, autotune_alpha=False)
+    out = sac_loss(batch, nets, LossOptions(target_entropy=-2.0, autotune_alpha=False))
     assert "loss_alpha" not in out and "loss_actor" in out
+
+
+def test_iql_loss_values_against_the_formulas():
+    actor, critic, target, _, batch = _sac_parts()
+    value = QEnsemble(3, 0, hidden=(16,), num_q=1)
+    opts = LossOptions(expectile=0.8, temperature=2.0, max_weight=5.0)
+    out = iql_loss(batch, LearnerNets(actor, critic, target, value=value), opts)
+    obs, act = batch["obs"], batch["action"]
+    with torch.no_grad():
+        qt = target(obs, act).min(0).values
+        v = value(obs)[0]
+        u = qt - v
+        expected_v = (torch.where(u < 0, 0.2, 0.8) * u**2).mean()
+        y = batch["reward"] + 0.99 * value(batch["next_obs"])[0]
+        q = critic(obs, act)
+        expected_q = ((q[0] - y) ** 2).mean() + ((q[1] - y) ** 2).mean()
+        w = torch.exp(2.0 * u).clamp(max=5.0)
+        mean, log_std = actor.head(actor.body(obs)).chunk(2, -1)
+        log_std = log_std.clamp(-5.0, 2.0)
+        unit = act / 2.0  # BOX is [-2, 2]: the [-1, 1] units of the policy's Gaussian
+        logp = torch.distributions.Normal(torch.tanh(mean), log_std.exp()).log_prob(unit).sum(-1)
+    assert out["loss_value"].item() == pytest.approx(expected_v.item(), rel=1e-5)
+    assert out["loss_qvalue"].item() == pytest.approx(expected_q.item(), rel=1e-5)
+    assert out["loss_actor"].item() == pytest.approx(-(w * logp).mean().item(), rel=1e-5)
+    assert out["adv_weight"].item() <= 5.0
+
+
+def test_iql_terms_train_disjoint_modules_and_not_the_target():
+    actor, critic, target, _, batch = _sac_parts()
+    value = QEnsemble(3, 0, hidden=(16,), num_q=1)
+    mods = {"loss_value": value, "loss_qvalue": critic, "loss_actor": actor}
+    for term, own in mods.items():
+        for m in (actor, critic, value):
+            m.zero_grad(set_to_none=True)
+        iql_loss(batch, LearnerNets(actor, critic, target, value=value), LossOptions())[term].backward()
+        for m in (actor, critic, value):
+            touched = any(p.grad is not None and p.grad.abs().sum() > 0 for p in m.parameters())
+            assert touched == (m is own), f"{term} and {type(m).__name__}"
+    assert all(p.grad is None for p in target.parameters())
 
 
 def test_crossq_normalises_current_and_next_state_actions_together():
     actor, critic, _, log_alpha, batch = _sac_parts("batch")
     critic.bn_momentum = 1.0  # running statistics become exactly the last batch's
-    crossq_loss(batch, actor, critic, None, log_alpha, -2.0, update_actor=False)
+    crossq_loss(batch, LearnerNets(actor, critic, log_alpha=log_alpha), LossOptions(target_entropy=-2.0), update_actor=False)
     seen = critic.running_mean_0[0, 0, :3]  # the observation columns of the input normaliser
     both = torch.cat([batch["obs"], batch["next_obs"]]).mean(0)
     assert torch.allclose(seen, both, atol=1e-5)
@@ -283,6 +324,8 @@ def test_soft_update_is_polyak_averaging():
 
 def test_registry_knows_the_off_policy_algorithms():
     assert get_algorithm("sac").kind == "off_policy" and get_algorithm("sac").target_network
+    iql = get_algorithm("iql")
+    assert iql.kind == "offline" and iql.value_network and iql.target_network and iql.needs_dataset
     assert get_algorithm("crossq").kind == "off_policy" and not get_algorithm("crossq").target_network
 
 
@@ -450,6 +493,58 @@ def test_collect_from_a_run_then_rlpd_learns_from_it(ray_session, tmp_path, caps
     assert set(replay["rings"]) == {"online"}  # the dataset is re-read at start, not copied into checkpoints
 
 
+OFFLINE = ["env.id=Pendulum-v1", "policy.hidden=[32,32]", "critic.hidden=[32,32]", "algorithm.batch_size=32",
+           "train.updates_per_iteration=10", "train.total_updates=30", "train.eval_every=3", "train.eval_episodes=1",
+           "train.checkpoint_every=2", *QUIET]
+
+
+def test_iql_learns_offline_from_a_dataset_and_resumes(ray_session, tmp_path):
+    ds = _random_dataset(tmp_path, "Pendulum-v1", 2, "pend")
+    run_dir = tmp_path / "iql"
+    rc, out = train("iql-hopper-medium", *OFFLINE, f"replay.offline_dataset={ds}", f"run.dir={run_dir}")
+    assert rc == 0, out
+    assert "no env or rollout workers" in out and "2 episodes, 400 steps" in out and "1000 / return range" in out
+    rows = read_metrics(run_dir)
+    assert [r["samples/updates"] for r in rows] == [10, 10, 10]
+    assert [r["train/updates"] for r in rows] == [10, 20, 30]
+    assert all(r["env_steps"] == 0 for r in rows)
+    assert "eval/episode_return" in rows[-1] and "eval/episode_return" not in rows[0]
+    assert {"train/loss_value", "train/loss_qvalue", "train/loss_actor", "train/adv_weight"} <= set(rows[-1])
+    state = load_checkpoint(latest_checkpoint(run_dir))
+    assert state["actor"]["value"] is not None and state["envs"] == [] and state["actor"]["updates"] == 30
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    cfg.train.total_updates = 45
+    OmegaConf.save(cfg, run_dir / "config.yaml")
+    rc, out = run_cli("resume", str(run_dir))
+    assert rc == 0, out
+    rows = read_metrics(run_dir)
+    assert [r["train/updates"] for r in rows] == [10, 20, 30, 40, 45]  # the last iteration takes what is left
+
+
+def test_offline_bc_regresses_the_dataset_actions(ray_session, tmp_path):
+    ds = _random_dataset(tmp_path, "Pendulum-v1", 1, "pend")
+    run_dir = tmp_path / "bc"
+    rc, out = train("iql-hopper-medium", *OFFLINE, "algorithm.name=offline_bc", f"replay.offline_dataset={ds}", f"run.dir={run_dir}")
+    assert rc == 0, out
+    rows = read_metrics(run_dir)
+    assert rows[-1]["train/updates"] == 30 and "train/loss_bc" in rows[-1] and "train/loss_qvalue" not in rows[-1]
+    assert load_checkpoint(latest_checkpoint(run_dir))["actor"]["critic"] is None
+
+
+def test_offline_algorithms_need_a_dataset_and_an_update_budget(capsys, tmp_path, no_cluster_start):
+    rc = main(["train", "iql-hopper-medium", f"run.dir={tmp_path / 'r'}", *QUIET])
+    err = capsys.readouterr().err
+    assert rc == 2 and "replay.offline_dataset: iql learns from a dataset; make one with" in err, err
+    ds = _random_dataset(tmp_path, "Hopper-v5", 1, "hop")
+    rc = main(["train", "iql-hopper-medium", f"replay.offline_dataset={ds}", "train.total_updates=0", f"run.dir={tmp_path / 'r'}", *QUIET])
+    err = capsys.readouterr().err
+    assert rc == 2 and "train.total_updates: iql learns from a dataset alone" in err, err
+    rc = main(["train", "iql-hopper-medium", f"replay.offline_dataset={ds}", "algorithm.expectile=0.3", f"run.dir={tmp_path / 'r'}", *QUIET])
+    err = capsys.readouterr().err
+    assert rc == 2 and "algorithm.expectile" in err, err
+    assert not (tmp_path / "r").exists()
+
+
 def test_rlpd_without_a_dataset_and_mismatched_dataset_are_refused(capsys, tmp_path, no_cluster_start):
     rc = main(["train", "rlpd-pendulum", f"run.dir={tmp_path / 'r'}", *QUIET])
     assert rc == 2 and "replay.offline_dataset: rlpd learns from a dataset" in capsys.readouterr().err
@@ -504,7 +599,7 @@ def test_bc_loss_is_the_squared_error_to_the_label():
     torch.manual_seed(0)
     actor = SquashedGaussianPolicy(3, BOX, hidden=(8,))
     obs, label = torch.randn(6, 3), torch.rand(6, 2) * 4 - 2
-    out = bc_loss({"obs": obs, "action": label}, actor)
+    out = bc_loss({"obs": obs, "action": label}, LearnerNets(actor))
     det, _ = actor.sample(obs, deterministic=True)
     assert out["loss_bc"].item() == pytest.approx(((det - label) ** 2).sum(-1).mean().item(), rel=1e-6)
 

@@ -20,7 +20,7 @@ from rlweave.algorithms.losses import (
     value_loss,
 )
 from rlweave.algorithms.imitation import bc_loss
-from rlweave.algorithms.offpolicy import crossq_loss, rlpd_loss, sac_loss, soft_update
+from rlweave.algorithms.offpolicy import LearnerNets, LossOptions, crossq_loss, iql_loss, rlpd_loss, sac_loss, soft_update
 from rlweave.algorithms.registry import (
     ADVANTAGE_ESTIMATORS,
     ALGORITHM_KINDS,
@@ -50,6 +50,9 @@ __all__ = [
     "sac_loss",
     "crossq_loss",
     "rlpd_loss",
+    "iql_loss",
+    "LearnerNets",
+    "LossOptions",
     "bc_loss",
     "soft_update",
     "ADVANTAGE_ESTIMATORS",

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from rlweave.algorithms.offpolicy import LearnerNets, LossOptions
+
 __all__ = ["bc_loss"]
 
 
-def bc_loss(batch: dict[str, Tensor], actor, critic=None, target_critic=None, log_alpha=None, target_entropy: float = 0.0,
-            update_actor: bool = True, autotune_alpha: bool = False) -> dict[str, Tensor]:
-    """Mean squared error between the actor's deterministic action and the expert's label
-    (``batch["action"]``), in the env's action units. The critic arguments are unused: the learner
-    calls every registered loss the same way."""
-    action, _ = actor.sample(batch["obs"], deterministic=True)
+def bc_loss(batch: dict[str, Tensor], nets: LearnerNets, opts: LossOptions | None = None, update_actor: bool = True) -> dict[str, Tensor]:
+    """Mean squared error between the actor's deterministic action and the label
+    (``batch["action"]``: the expert's, or the dataset's for offline BC), in the env's action
+    units. Only ``nets.actor`` is used; the signature is every learner loss's."""
+    action, _ = nets.actor.sample(batch["obs"], deterministic=True)
     err = (action - batch["action"].to(action.dtype)).square().sum(-1)
     return {"loss_bc": err.mean(), "action_error": err.detach().mean().sqrt()}

@@ -1,4 +1,5 @@
-"""Off-policy actor-critic losses: SAC and CrossQ (RLPD reuses SAC's with a LayerNorm ensemble).
+"""Off-policy and offline actor-critic losses: SAC, CrossQ, RLPD (SAC's with a LayerNorm
+ensemble) and IQL.
 
 Same convention as :mod:`rlweave.algorithms.losses`: a loss returns a dict whose ``loss_*`` terms
 are differentiable scalars and whose other entries are detached diagnostics. The terms are built
@@ -15,21 +16,57 @@ updated critic, the actor here sees the critic from before this step's update (o
 in several JAX implementations); everything else (min over critics, target entropy, SB3's
 0.5-weighted sum of per-critic MSEs) matches.
 
+Every loss has the signature ``loss(batch, nets, opts, update_actor=True)``: ``nets`` are the
+learner's modules (:class:`LearnerNets`; a loss uses those it needs) and ``opts`` the algorithm's
+scalar settings (:class:`LossOptions`), so the learner calls every registered loss the same way
+and a new algorithm with a new module (IQL's value network) adds a field, not a parameter to
+every loss.
+
 Batches come from the replay buffer with ``discount = gamma**k * (1 - terminated)`` already folded
 in for k-step returns (``k`` <= n), so the losses know nothing about n-step or episode ends.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["sac_loss", "crossq_loss", "rlpd_loss", "soft_update"]
+__all__ = ["LearnerNets", "LossOptions", "sac_loss", "crossq_loss", "rlpd_loss", "iql_loss", "soft_update"]
 
 
-def _shared_terms(out: dict, q: Tensor, target: Tensor, alpha: Tensor, actor, critic, obs: Tensor, log_alpha: Tensor,
-                  target_entropy: float, update_actor: bool, autotune: bool, actor_reduce: str = "min",
-                  batch_stats: bool = True) -> dict[str, Tensor]:
+@dataclass
+class LearnerNets:
+    """The modules an off-policy or offline learner holds; ``None`` where its algorithm has none.
+
+    ``actor``: :class:`~rlweave.models.SquashedGaussianPolicy`; ``critic`` / ``target``:
+    :class:`~rlweave.models.QEnsemble` ``Q(s, a) -> [E, B]`` and its Polyak copy; ``value``: a
+    one-member ensemble on states alone ``V(s) -> [1, B]`` (IQL); ``log_alpha``: SAC's temperature.
+    """
+
+    actor: nn.Module
+    critic: nn.Module | None = None
+    target: nn.Module | None = None
+    value: nn.Module | None = None
+    log_alpha: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class LossOptions:
+    """Scalar settings of the losses (from ``algorithm.*``). ``target_entropy`` and
+    ``autotune_alpha``: SAC's temperature; ``expectile``, ``temperature`` and ``max_weight``:
+    IQL's value expectile, advantage inverse temperature (beta) and weight clip."""
+
+    target_entropy: float = 0.0
+    autotune_alpha: bool = True
+    expectile: float = 0.7
+    temperature: float = 3.0
+    max_weight: float = 100.0
+
+
+def _shared_terms(out: dict, q: Tensor, target: Tensor, alpha: Tensor, nets: LearnerNets, opts: LossOptions, obs: Tensor,
+                  update_actor: bool, actor_reduce: str = "min", batch_stats: bool = True) -> dict[str, Tensor]:
     """The terms SAC and its variants share once their critic values ``q`` [E, B] and targets are
     known: the critics' regression (SB3's 0.5-weighted sum of per-critic MSEs), and, on actor
     steps, the actor's loss through the critic with detached weights (reduced over the ensemble by
@@ -37,12 +74,12 @@ def _shared_terms(out: dict, q: Tensor, target: Tensor, alpha: Tensor, actor, cr
     out["loss_qvalue"] = 0.5 * (q - target).square().mean(1).sum()
     out["q_mean"] = q.detach().mean()
     if update_actor:
-        action, log_prob = actor.sample(obs)
-        qs = critic(obs, action, detach=True, batch_stats=batch_stats)
+        action, log_prob = nets.actor.sample(obs)
+        qs = nets.critic(obs, action, detach=True, batch_stats=batch_stats)
         q_pi = qs.mean(0) if actor_reduce == "mean" else qs.min(0).values
         out["loss_actor"] = (alpha * log_prob - q_pi).mean()
-        if autotune:
-            out["loss_alpha"] = -(log_alpha * (log_prob.detach() + target_entropy)).mean()
+        if opts.autotune_alpha:
+            out["loss_alpha"] = -(nets.log_alpha * (log_prob.detach() + opts.target_entropy)).mean()
         out["entropy"] = -log_prob.detach().mean()
     out["alpha"] = alpha
     return out
@@ -50,71 +87,88 @@ def _shared_terms(out: dict, q: Tensor, target: Tensor, alpha: Tensor, actor, cr
 
 def sac_loss(
     batch: dict[str, Tensor],
-    actor,
-    critic,
-    target_critic,
-    log_alpha: Tensor,
-    target_entropy: float,
+    nets: LearnerNets,
+    opts: LossOptions,
     update_actor: bool = True,
-    autotune_alpha: bool = True,
     target_subset: int | None = None,
     actor_reduce: str = "min",
 ) -> dict[str, Tensor]:
     """Soft actor-critic (Haarnoja et al. 2018, with automatic entropy tuning).
 
     ``batch``: ``obs`` [B, O], ``action`` [B, A], ``reward`` [B], ``next_obs`` [B, O],
-    ``discount`` [B]. ``critic`` / ``target_critic``: :class:`~rlweave.models.QEnsemble`
-    (``[E, B]`` outputs). The target is the minimum over the target ensemble, or over a random
+    ``discount`` [B]. Uses ``nets.actor``, ``nets.critic``, ``nets.target`` and ``nets.log_alpha``. The target is the minimum over the target ensemble, or over a random
     subset of ``target_subset`` of its members (REDQ/RLPD); the actor maximises the minimum
     (``actor_reduce="min"``) or the mean (``"mean"``) of the critics."""
     obs, next_obs = batch["obs"], batch["next_obs"]
-    alpha = log_alpha.detach().exp()
+    alpha = nets.log_alpha.detach().exp()
     with torch.no_grad():
-        next_action, next_log_prob = actor.sample(next_obs)
-        next_qs = target_critic(next_obs, next_action)
+        next_action, next_log_prob = nets.actor.sample(next_obs)
+        next_qs = nets.target(next_obs, next_action)
         if target_subset is not None and target_subset < next_qs.shape[0]:
             next_qs = next_qs[torch.randperm(next_qs.shape[0], device=next_qs.device)[:target_subset]]
         next_q = next_qs.min(0).values - alpha * next_log_prob
         target = batch["reward"] + batch["discount"] * next_q
-    q = critic(obs, batch["action"])
-    return _shared_terms({}, q, target, alpha, actor, critic, obs, log_alpha, target_entropy, update_actor, autotune_alpha,
-                         actor_reduce=actor_reduce)
+    q = nets.critic(obs, batch["action"])
+    return _shared_terms({}, q, target, alpha, nets, opts, obs, update_actor, actor_reduce=actor_reduce)
 
 
-def rlpd_loss(batch: dict[str, Tensor], actor, critic, target_critic, log_alpha: Tensor, target_entropy: float,
-              update_actor: bool = True, autotune_alpha: bool = True) -> dict[str, Tensor]:
+def rlpd_loss(batch: dict[str, Tensor], nets: LearnerNets, opts: LossOptions, update_actor: bool = True) -> dict[str, Tensor]:
     """RLPD (Ball et al. 2023): SAC's update with the target taken as the minimum of 2 randomly
     chosen members of a (LayerNorm) critic ensemble and the actor trained on the ensemble mean. The
     rest of RLPD is data and config: symmetric offline/online batches (``replay.offline_share=0.5``),
     a high update-to-data ratio, ``critic.norm=layer``, ``critic.num_q=10``."""
-    return sac_loss(batch, actor, critic, target_critic, log_alpha, target_entropy, update_actor, autotune_alpha,
-                    target_subset=2, actor_reduce="mean")
+    return sac_loss(batch, nets, opts, update_actor, target_subset=2, actor_reduce="mean")
 
 
-def crossq_loss(
-    batch: dict[str, Tensor],
-    actor,
-    critic,
-    target_critic,
-    log_alpha: Tensor,
-    target_entropy: float,
-    update_actor: bool = True,
-    autotune_alpha: bool = True,
-) -> dict[str, Tensor]:
+def crossq_loss(batch: dict[str, Tensor], nets: LearnerNets, opts: LossOptions, update_actor: bool = True) -> dict[str, Tensor]:
     """CrossQ (Bhatt et al. 2024): no target network; the critic (with BatchNorm) sees the
     current and the next state-actions in *one* forward pass, so both are normalised with the same
     batch statistics, and the next-state values (detached) serve as the target. The actor's loss
-    uses the critic with its running statistics. ``target_critic`` is ignored."""
+    uses the critic with its running statistics. ``nets.target`` is not used."""
     obs, next_obs = batch["obs"], batch["next_obs"]
     B = obs.shape[0]
-    alpha = log_alpha.detach().exp()
+    alpha = nets.log_alpha.detach().exp()
     with torch.no_grad():
-        next_action, next_log_prob = actor.sample(next_obs)
-    q_all = critic(torch.cat([obs, next_obs]), torch.cat([batch["action"].to(next_action.dtype), next_action]))
+        next_action, next_log_prob = nets.actor.sample(next_obs)
+    q_all = nets.critic(torch.cat([obs, next_obs]), torch.cat([batch["action"].to(next_action.dtype), next_action]))
     q, next_q = q_all[:, :B], q_all[:, B:].detach()
     target = batch["reward"] + batch["discount"] * (next_q.min(0).values - alpha * next_log_prob)
-    return _shared_terms({}, q, target, alpha, actor, critic, obs, log_alpha, target_entropy, update_actor, autotune_alpha,
-                         batch_stats=False)
+    return _shared_terms({}, q, target, alpha, nets, opts, obs, update_actor, batch_stats=False)
+
+
+def iql_loss(batch: dict[str, Tensor], nets: LearnerNets, opts: LossOptions, update_actor: bool = True) -> dict[str, Tensor]:
+    """Implicit Q-learning (Kostrikov et al. 2022): never queries the critic on actions outside the
+    data.
+
+    * ``loss_value``: expectile regression of ``V(s)`` towards the target critics' minimum
+      ``Q(s, a)`` on dataset actions (``opts.expectile`` > 0.5 leans towards the best actions);
+    * ``loss_qvalue``: ``Q(s, a)`` regresses ``r + discount * V(s')`` (sum of per-critic MSEs);
+    * ``loss_actor``: advantage-weighted regression, ``-exp(beta * (Q - V))`` (clipped at
+      ``opts.max_weight``) times the log-density of the dataset action
+      (:meth:`~rlweave.models.SquashedGaussianPolicy.mean_log_prob`).
+
+    The three terms touch disjoint modules (value, critic, actor) and the targets are detached, so
+    one backward pass serves them all; the reference implementation instead steps V, then Q with
+    the new V, then the actor, which differs by one update of V in Q's target."""
+    obs, action = batch["obs"], batch["action"]
+    with torch.no_grad():
+        q_target = nets.target(obs, action).min(0).values
+        next_v = nets.value(batch["next_obs"])[0]
+        target = batch["reward"] + batch["discount"] * next_v
+    v = nets.value(obs)[0]
+    diff = q_target - v
+    weight = torch.where(diff < 0, 1.0 - opts.expectile, opts.expectile)
+    out: dict[str, Tensor] = {"loss_value": (weight * diff.square()).mean()}
+    q = nets.critic(obs, action)
+    out["loss_qvalue"] = (q - target).square().mean(1).sum()
+    out["q_mean"] = q.detach().mean()
+    out["v_mean"] = v.detach().mean()
+    if update_actor:
+        with torch.no_grad():
+            adv_weight = torch.exp(opts.temperature * diff.detach()).clamp(max=opts.max_weight)
+        out["loss_actor"] = -(adv_weight * nets.actor.mean_log_prob(obs, action)).mean()
+        out["adv_weight"] = adv_weight.mean()
+    return out
 
 
 @torch.no_grad()

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from rlweave.algorithms.advantages import gae, group_normalized_advantages
 from rlweave.algorithms.losses import ppo_loss
 from rlweave.algorithms.imitation import bc_loss
-from rlweave.algorithms.offpolicy import crossq_loss, rlpd_loss, sac_loss
+from rlweave.algorithms.offpolicy import crossq_loss, iql_loss, rlpd_loss, sac_loss
 
 __all__ = [
     "ALGORITHM_KINDS",
@@ -40,7 +40,7 @@ __all__ = [
     "get_policy_loss",
 ]
 
-ALGORITHM_KINDS = ("on_policy", "off_policy", "imitation")
+ALGORITHM_KINDS = ("on_policy", "off_policy", "imitation", "offline")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -55,6 +55,7 @@ POLICY_LOSSES: dict[str, Callable[..., Any]] = {
     "crossq": crossq_loss,
     "rlpd": rlpd_loss,
     "bc": bc_loss,
+    "iql": iql_loss,
 }
 
 
@@ -71,7 +72,8 @@ class AlgorithmSpec:
 
     Attributes:
         name: registry key, as written in configs.
-        kind: ``"on_policy"`` | ``"off_policy"`` | ``"imitation"``; picks the runner loop.
+        kind: ``"on_policy"`` | ``"off_policy"`` | ``"imitation"`` | ``"offline"`` (learns from a
+            dataset alone; the env only evaluates); picks the runner loop.
         advantage: key in ``ADVANTAGE_ESTIMATORS``, or None (off-policy / imitation).
         loss: key in ``POLICY_LOSSES``.
         uses_critic: whether a value head/critic is trained (the runner then computes values).
@@ -79,7 +81,9 @@ class AlgorithmSpec:
             (GRPO), so the rollout must run each group to episode end from identical resets.
         description: one line for ``--help`` and docs.
         target_network: off-policy: the learner keeps a Polyak-averaged copy of the critic.
-        needs_dataset: learns from an offline dataset (``replay.offline_dataset``) beside online data.
+        value_network: the learner also trains a state-value network V(s) (IQL).
+        needs_dataset: learns from an offline dataset (``replay.offline_dataset``), beside online
+            data or (kind ``offline``) alone.
         labelling: imitation: which visited states the expert labels and who acts. ``"expert"``
             (the expert acts and labels: behaviour cloning), ``"mixture"`` (the expert acts with
             probability beta, decaying; every state labelled: DAgger), ``"gated"`` (the learner
@@ -95,6 +99,7 @@ class AlgorithmSpec:
     episodic_groups: bool
     description: str
     target_network: bool = False
+    value_network: bool = False
     needs_dataset: bool = False
     labelling: str | None = None
 
@@ -212,3 +217,13 @@ for _name, _labelling, _desc in (
         AlgorithmSpec(name=_name, kind="imitation", advantage=None, loss="bc", uses_critic=False,
                       episodic_groups=False, description=_desc, labelling=_labelling)
     )
+register_algorithm(
+    AlgorithmSpec(name="iql", kind="offline", advantage=None, loss="iql", uses_critic=True, episodic_groups=False,
+                  description="IQL: expectile value regression, Q towards r + V(s'), advantage-weighted policy extraction (offline)",
+                  target_network=True, value_network=True, needs_dataset=True)
+)
+register_algorithm(
+    AlgorithmSpec(name="offline_bc", kind="offline", advantage=None, loss="bc", uses_critic=False, episodic_groups=False,
+                  description="behaviour cloning on a dataset: the actor regresses the dataset's actions (offline)",
+                  needs_dataset=True)
+)

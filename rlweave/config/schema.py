@@ -131,6 +131,11 @@ class AlgorithmConfig:
     critic_lr: Optional[float] = field(default=None, metadata={"min": 0})
     alpha_lr: Optional[float] = field(default=None, metadata={"min": 0})
     adam_betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    # IQL: expectile of the value regression, inverse temperature (beta) of the advantage weights
+    # and their clip
+    expectile: float = field(default=0.7, metadata={"min": 0.5, "max": 1})
+    temperature: float = non_negative(3.0)
+    max_weight: float = field(default=100.0, metadata={"min": 1})
 
 
 @dataclass
@@ -149,6 +154,9 @@ class ReplayConfig:
     capacity: int = positive(1_000_000)  # transitions per source
     offline_dataset: Optional[str] = None  # a Minari dataset folder (rlweave collect), replayed beside online data
     offline_share: float = field(default=0.5, metadata={"min": 0, "max": 1})  # of each batch (RLPD: 0.5)
+    # scale the dataset's rewards by 1000 / (max - min episode return): IQL's locomotion setting,
+    # so its advantage temperature means the same on every dataset
+    offline_reward_scale: str = choice("none", "none", "return_range")
 
 
 @dataclass
@@ -176,6 +184,10 @@ class TrainConfig:
     max_staleness: int = non_negative(1)
     sync_every: int = positive(1)
     keep_checkpoints: int = positive(3)
+    # offline algorithms (IQL, offline BC) take no env steps: they run total_updates gradient
+    # updates, updates_per_iteration per iteration (eval_every and checkpoint_every count these)
+    total_updates: int = non_negative(0)
+    updates_per_iteration: int = positive(1000)
 
 
 @dataclass

@@ -69,6 +69,18 @@ class SquashedGaussianPolicy(nn.Module):
         self.register_buffer("action_scale", torch.from_numpy((high - low) / 2.0))
         self.register_buffer("action_bias", torch.from_numpy((high + low) / 2.0))
 
+    def mean_log_prob(self, obs: Tensor, action: Tensor, log_std_min: float = -5.0) -> Tensor:
+        """Log-density [B] of ``action`` (env units) under a Gaussian centred on the *squashed*
+        mean, ``N(tanh(mean), std)`` in [-1, 1] units, with log-stds clamped below at
+        ``log_std_min``: IQL's policy extraction. Unlike the squashed density it is finite for
+        dataset actions on the bounds (a clipped behaviour policy puts many there), and its mode
+        is the deterministic action this policy takes (``tanh(mean)``)."""
+        mean, log_std = self.head(self.body(obs.to(self.head.weight.dtype))).chunk(2, dim=-1)
+        log_std = log_std.clamp(max(self.log_std_min, log_std_min), self.log_std_max)
+        unit = (action.reshape(action.shape[0], -1).to(mean.dtype) - self.action_bias) / self.action_scale
+        z = (unit - torch.tanh(mean)) * torch.exp(-log_std)
+        return (-0.5 * z.square() - log_std).sum(-1) - self.head_dim * _HALF_LOG_2PI
+
     def sample(self, obs: Tensor, noise: Tensor | None = None, deterministic: bool = False) -> tuple[Tensor, Tensor]:
         """Action in the env's bounds [B, head_dim] and its log-prob [B] (of the squashed action
         in [-1, 1]); differentiable with respect to the parameters."""
@@ -102,6 +114,7 @@ class SquashedGaussianPolicy(nn.Module):
 
 class QEnsemble(nn.Module):
     """``num_q`` MLP Q-functions Q(s, a) evaluated together: ``forward(obs, act) -> [E, B]``.
+    With ``act_dim=0`` it is an ensemble of state values ``V(s)`` (``forward(obs)``; IQL).
 
     ``norm``: ``None``, ``"layer"`` (LayerNorm after each hidden linear layer, RLPD) or ``"batch"``
     (BatchNorm on the input and after each hidden linear layer, CrossQ; running statistics with
@@ -147,12 +160,13 @@ class QEnsemble(nn.Module):
                 self.register_buffer(f"running_mean_{i}", torch.zeros(E, 1, d))
                 self.register_buffer(f"running_var_{i}", torch.ones(E, 1, d))
 
-    def forward(self, obs: Tensor, act: Tensor, detach: bool = False, batch_stats: bool = True) -> Tensor:
+    def forward(self, obs: Tensor, act: Tensor | None = None, detach: bool = False, batch_stats: bool = True) -> Tensor:
         """Q-values [E, B]. ``detach``: use the weights as constants (the actor's loss, which must
         not train the critic; gradients still flow to ``act``). ``batch_stats`` (BatchNorm only):
         normalise with this batch's statistics and update the running ones (True), or use the
         running statistics (False: the actor's loss, evaluation)."""
-        x = torch.cat([obs.to(self.weights[0].dtype), act.to(self.weights[0].dtype)], -1)
+        dtype = self.weights[0].dtype
+        x = obs.to(dtype) if act is None else torch.cat([obs.to(dtype), act.to(dtype)], -1)
         h = x.unsqueeze(0).expand(self.num_q, *x.shape)
         p = (lambda t: t.detach()) if detach else (lambda t: t)
         k = 0  # normaliser index

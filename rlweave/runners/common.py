@@ -19,7 +19,7 @@ from rlweave.models import build_policy
 from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace, truncate_metrics, write_text_atomic
 
-RUNNER_OF_KIND = {"on_policy": "onpolicy", "off_policy": "offpolicy", "imitation": "offpolicy"}
+RUNNER_OF_KIND = {"on_policy": "onpolicy", "off_policy": "offpolicy", "imitation": "offpolicy", "offline": "offpolicy"}
 
 
 def check_compatible(cfg: DictConfig):
@@ -35,8 +35,10 @@ def check_compatible(cfg: DictConfig):
             f"algorithm.name: '{spec.name}' is an {spec.kind.replace('_', '-')} algorithm; it runs with runner={runner} "
             f"(this config has runner={cfg.runner})"
         )
-    if spec.kind in ("off_policy", "imitation"):
+    if spec.kind in ("off_policy", "imitation", "offline"):
         _check_off_policy(cfg)
+    if spec.kind == "offline" and cfg.train.total_updates < 1:
+        raise ConfigError(f"train.total_updates: {spec.name} learns from a dataset alone; give the number of gradient updates (> 0)")
     if cfg.env.num_workers % cfg.actor.num_workers:
         raise ConfigError(
             f"actor.num_workers: {cfg.actor.num_workers} must divide env.num_workers ({cfg.env.num_workers}) "
@@ -57,7 +59,7 @@ def check_compatible(cfg: DictConfig):
         raise ConfigError(f"policy.name: {str(e).splitlines()[0]}") from None
     if spec.needs_dataset and not cfg.replay.offline_dataset:
         raise ConfigError(
-            f"replay.offline_dataset: {spec.name} learns from a dataset beside online data; "
+            f"replay.offline_dataset: {spec.name} learns from a dataset{'' if spec.kind == 'offline' else ' beside online data'}; "
             "make one with 'rlweave collect RUN_DIR --episodes N -o FOLDER' and pass its folder"
         )
     if spec.kind == "imitation":
@@ -69,7 +71,7 @@ def check_compatible(cfg: DictConfig):
             load_expert(cfg.imitation.expert, obs_space, act_space)
         except ExpertError as e:
             raise ConfigError(f"imitation.expert: {e}") from None
-    if spec.kind == "off_policy" and cfg.replay.offline_dataset:
+    if spec.kind in ("off_policy", "offline") and cfg.replay.offline_dataset:
         from rlweave.workers.datasets import DatasetError, check_spaces
 
         try:
@@ -184,7 +186,14 @@ class RunnerBase:
         raise NotImplementedError
 
     def _more(self) -> bool:
-        return self.env_steps < self.cfg.train.total_env_steps
+        done, total = self._budget()
+        return done < total
+
+    def _budget(self) -> tuple[int, int]:
+        """(done, total) of what the run counts towards its end: env steps, by default."""
+        return self.env_steps, self.cfg.train.total_env_steps
+
+    _budget_unit = "steps"
 
     def _after_iteration(self, record: dict) -> None:
         return None
@@ -255,7 +264,7 @@ class RunnerBase:
             trace.span("driver", "eval", t_e, record["time/eval"])
         record["wall_time"] = self._wall()
         metrics.log(record)
-        progress.update(self.iteration, self.env_steps, record.get("train/episode_return"), record.get("eval/episode_return"))
+        progress.update(self.iteration, self._budget()[0], record.get("train/episode_return"), record.get("eval/episode_return"))
         return record
 
     def _wall(self) -> float:
@@ -287,7 +296,7 @@ class RunnerBase:
             self._sync_weights()
             metrics = MetricsWriter(self.run_dir, tensorboard=cfg.run.tensorboard)
             trace = Trace(self.run_dir)
-            progress = Progress(cfg.train.total_env_steps, enabled=cfg.run.progress)
+            progress = Progress(self._budget()[1], enabled=cfg.run.progress, unit=self._budget_unit)
             try:
                 while self._more():
                     last = self._iteration(metrics, trace, progress)

@@ -1,5 +1,6 @@
 """The embodied off-policy workflow (SAC, CrossQ, RLPD, and imitation: BC, DAgger, HG-DAgger):
-env -> rollout, env -> replay, replay -> actor.
+env -> rollout, env -> replay, replay -> actor; and the offline one (IQL, offline BC): dataset ->
+replay -> actor, with the env only in evaluation.
 
 Logical workflow::
 
@@ -18,6 +19,10 @@ iteration is fixed by the driver, not by timing, so a run is reproducible.
 
 The replay shard lives in the learner's process (a sample is a function call); env and rollout
 share processes when their slots are identical (an action request is then a function call too).
+
+Offline algorithms (registry kind ``offline``) start neither env nor rollout workers: the replay
+holds the dataset alone, an iteration is ``train.updates_per_iteration`` gradient updates, and the
+run ends after ``train.total_updates``; evaluation runs the learner's policy in the driver.
 """
 
 from __future__ import annotations
@@ -52,6 +57,14 @@ class OffPolicyRunner(RunnerBase):
         self.updates = 0
         self.pending_items = 0  # transition batches in the channel, not yet ingested
         self.pending_steps = 0
+        self.offline = self.spec.kind == "offline"
+        if self.offline:
+            self._budget_unit = "updates"
+
+    def _budget(self) -> tuple[int, int]:
+        if self.offline:
+            return self.updates, self.cfg.train.total_updates
+        return super()._budget()
 
     # ------------------------------------------------------------------ set-up
     def _start(self) -> None:
@@ -70,7 +83,7 @@ class OffPolicyRunner(RunnerBase):
         self.groups.append(self.actor)
         # the replay shard lives in the learner's process: sampling is a function call
         offline = cfg.replay.offline_dataset
-        share = cfg.replay.offline_share if offline else 0.0
+        share = 1.0 if self.offline else cfg.replay.offline_share if offline else 0.0
         mix = {"offline": share, "online": 1.0 - share} if offline else {"online": 1.0}
         self.replay = WorkerGroup(
             ReplayBufferWorker, GroupPlacement("replay", list(plan.groups["actor"].slots)), self.cluster,
@@ -79,11 +92,21 @@ class OffPolicyRunner(RunnerBase):
         self.groups.append(self.replay)
         if offline:
             data, self.dataset_stats = load_transitions(offline, self.obs_space, self.act_space, cfg.algorithm.gamma)
-            self.replay.run("add", data, "offline", max(cfg.replay.capacity, len(data["reward"])))
             s = self.dataset_stats
+            note = ""
+            if cfg.replay.offline_reward_scale == "return_range":
+                scale = 1000.0 / max(s["return_max"] - s["return_min"], 1e-6)
+                data["reward"] = data["reward"] * scale
+                note = f"; rewards x {scale:.4g} (1000 / return range)"
+            self.replay.run("add", data, "offline", max(cfg.replay.capacity, len(data["reward"])))
             print(f"[rlweave] offline dataset {offline}: {s['episodes']} episodes, {s['steps']} steps, "
-                  f"return {s['return_mean']:.1f} +- {s['return_std']:.1f}; {share:.0%} of every batch")
+                  f"return {s['return_mean']:.1f} +- {s['return_std']:.1f}; {share:.0%} of every batch{note}")
         self.actor.call_each("configure_replay", [(self.replay.peer(r, self.actor.hosts[r]),) for r in range(self.actor.world_size)]).wait()
+        self.eval_policy = build_policy(observation_space=self.obs_space, action_space=self.act_space, chunk=cfg.env.chunk, **self.pkw)
+        if self.offline:
+            print("[rlweave] offline: no env or rollout workers; the env only evaluates (in the driver)")
+            self.env = self.rollout = None
+            return
         env_cfg = OmegaConf.to_container(cfg.env)
         self.env = WorkerGroup(
             EnvWorker, plan.groups["env"], self.cluster,
@@ -102,7 +125,9 @@ class OffPolicyRunner(RunnerBase):
         self.groups.append(self.rollout)
         n_roll = self.rollout.world_size
         self.env.call_each("configure_rollout", [(self.rollout.peer(e % n_roll, self.env.hosts[e]),) for e in range(self.env.world_size)]).wait()
-        self.eval_policy = build_policy(observation_space=self.obs_space, action_space=self.act_space, chunk=cfg.env.chunk, **self.pkw)
+
+    def _sync_weights(self) -> float:
+        return 0.0 if self.offline else super()._sync_weights()  # offline: no rollout to sync
 
     # ------------------------------------------------------------------ checkpoints
     def _save(self) -> None:
@@ -113,8 +138,8 @@ class OffPolicyRunner(RunnerBase):
         parts = {
             "actor": self.actor.call("state_dict", ranks=[0]).wait()[0],
             "replay": self.replay.run("state_dict"),
-            "envs": self.env.run("state_dict"),
-            "rollouts": self.rollout.run("state_dict"),
+            "envs": self.env.run("state_dict") if self.env is not None else [],
+            "rollouts": self.rollout.run("state_dict") if self.rollout is not None else [],
             "runner": {**self._driver_state(), "ingested_steps": self.ingested_steps, "updates": self.updates},
         }
         save_checkpoint(self.run_dir, self.iteration, parts, keep=self.cfg.train.keep_checkpoints)
@@ -123,8 +148,9 @@ class OffPolicyRunner(RunnerBase):
         r = state["runner"]
         self.actor.run("load_state_dict", state["actor"])
         self.replay.call_each("load_state_dict", [(s,) for s in state["replay"]]).wait()
-        self.env.call_each("load_state_dict", [(s,) for s in state["envs"]]).wait()
-        self.rollout.call_each("load_state_dict", [(s,) for s in state["rollouts"]]).wait()
+        if self.env is not None:
+            self.env.call_each("load_state_dict", [(s,) for s in state["envs"]]).wait()
+            self.rollout.call_each("load_state_dict", [(s,) for s in state["rollouts"]]).wait()
         self.ingested_steps, self.updates = r["ingested_steps"], r["updates"]
 
     def _updates_due(self, steps: int) -> int:
@@ -133,7 +159,28 @@ class OffPolicyRunner(RunnerBase):
         a = self.cfg.algorithm
         return max(0, math.floor(a.utd_ratio * max(0, steps - a.learning_starts)) - self.updates)
 
+    def _offline_iteration(self, metrics: MetricsWriter, trace: Trace, progress: Progress) -> dict:
+        """``train.updates_per_iteration`` updates on the dataset (fewer for the last one)."""
+        t = self.cfg.train
+        due = min(t.updates_per_iteration, t.total_updates - self.updates)
+        t0 = time.perf_counter()
+        act_out = self.actor.call("train", due, 0, None, ranks=[0]).wait()[0]
+        t_iter = time.perf_counter() - t0
+        self.updates += due
+        self.iteration += 1
+        record: dict = {"iteration": self.iteration, "env_steps": 0, "wall_time": None}
+        record.update({k: v for k, v in act_out.items() if k.startswith("train/")})
+        record["samples/updates"] = due
+        record["time/actor"] = act_out["time/actor_train"]
+        record["time/iteration"] = t_iter
+        record["perf/updates_per_s"] = due / t_iter
+        record["mem/actor_peak_rss_mb"] = act_out["peak_rss_mb"]
+        trace.span("actor[0]", "train", t0, t_iter)
+        return self._finish_record(record, metrics, trace, progress, final=self.updates >= t.total_updates)
+
     def _iteration(self, metrics: MetricsWriter, trace: Trace, progress: Progress) -> dict:
+        if self.offline:
+            return self._offline_iteration(metrics, trace, progress)
         cfg = self.cfg
         t = cfg.train
         n_env = self.env.world_size

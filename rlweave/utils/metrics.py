@@ -104,10 +104,12 @@ class Trace:
 
 
 class Progress:
-    """One live line per run: iteration, env steps, steps/s, latest return, ETA."""
+    """One live line per run: iteration, env steps (or ``unit``: gradient updates of an offline
+    run), their rate, latest return, ETA."""
 
-    def __init__(self, total_steps: int, enabled: bool = True):
+    def __init__(self, total_steps: int, enabled: bool = True, unit: str = "steps"):
         self.total = total_steps
+        self.unit = unit
         self.enabled = enabled
         self.start = time.perf_counter()
         self.tty = sys.stderr.isatty()
@@ -123,7 +125,7 @@ class Progress:
         elapsed = time.perf_counter() - self.start
         rate = env_steps / elapsed if elapsed > 0 else 0.0
         eta = (self.total - env_steps) / rate if rate > 0 else float("nan")
-        parts = [f"it {iteration}", f"steps {env_steps}/{self.total}", f"{rate:,.0f} steps/s"]
+        parts = [f"it {iteration}", f"{self.unit} {env_steps}/{self.total}", f"{rate:,.0f} {self.unit}/s"]
         if ret is not None:
             parts.append(f"return {ret:.1f}")
         if eval_ret is not None:

@@ -123,7 +123,7 @@ def collect_dataset(
 def load_transitions(path: str | Path, observation_space, action_space, gamma: float) -> tuple[dict[str, np.ndarray], dict]:
     """Every step of the dataset at ``path`` as one-step transitions (the replay format of
     :mod:`rlweave.workers.replay`), after checking its spaces against the env's. Also returns the
-    dataset's statistics (episodes, steps, mean/std episode return)."""
+    dataset's statistics (episodes, steps, mean/std/min/max episode return)."""
     check_spaces(path, observation_space, action_space)
     ds = _open(path)
     parts: dict[str, list] = {k: [] for k in ("obs", "action", "reward", "next_obs", "discount")}
@@ -140,5 +140,5 @@ def load_transitions(path: str | Path, observation_space, action_space, gamma: f
     out = {k: np.concatenate(v) for k, v in parts.items()}
     out["policy_version"] = np.full(len(out["reward"]), OFFLINE_VERSION, dtype=np.int64)
     stats = {"episodes": len(returns), "steps": int(len(out["reward"])), "return_mean": float(np.mean(returns)),
-             "return_std": float(np.std(returns))}
+             "return_std": float(np.std(returns)), "return_min": float(np.min(returns)), "return_max": float(np.max(returns))}
     return out, stats

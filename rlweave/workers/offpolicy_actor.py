@@ -1,8 +1,9 @@
-"""Off-policy actor worker: the learner of SAC, CrossQ, RLPD and the imitation algorithms (BC,
-DAgger, HG-DAgger) of the registry: everything that learns from replay.
+"""Off-policy actor worker: the learner of SAC, CrossQ, RLPD, the imitation algorithms (BC,
+DAgger, HG-DAgger) and the offline ones (IQL, offline BC) of the registry: everything that learns
+from replay.
 
 It holds the actor (the policy the rollout workers run), a critic ensemble, an optional Polyak
-target copy, and the entropy temperature; its replay shard is a :class:`~rlweave.cluster.Peer`
+target copy, an optional state-value network (IQL), and the entropy temperature; its replay shard is a :class:`~rlweave.cluster.Peer`
 (usually a function call into a :class:`~rlweave.workers.replay.ReplayBufferWorker` living in the
 same process). What differs between algorithms is the registry entry (the loss, target network or
 not) and the config (critic width, normalisation, policy delay, n-step), not a subclass.
@@ -24,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from rlweave.algorithms import get_algorithm, get_policy_loss, soft_update
+from rlweave.algorithms import LearnerNets, LossOptions, get_algorithm, get_policy_loss, soft_update
 from rlweave.cluster import Peer, Worker
 from rlweave.models import QEnsemble, build_policy
 from rlweave.utils.memory import peak_rss_mb
@@ -49,26 +50,31 @@ class OffPolicyActorWorker(Worker):
         self.loss_fn = get_policy_loss(self.spec.loss)
         torch.manual_seed(seed)
         self.policy = build_policy(observation_space=observation_space, action_space=action_space, chunk=chunk, **policy_cfg)
-        self.critic = QEnsemble(
-            int(np.prod(observation_space.shape)), self.policy.head_dim,
-            hidden=tuple(critic_cfg["hidden"]), num_q=critic_cfg["num_q"], activation=critic_cfg["activation"],
-            norm=None if critic_cfg["norm"] == "none" else critic_cfg["norm"], bn_momentum=critic_cfg["bn_momentum"],
-        ) if self.spec.uses_critic else None  # imitation learns the actor alone
+        obs_dim = int(np.prod(observation_space.shape))
+        layers = dict(hidden=tuple(critic_cfg["hidden"]), activation=critic_cfg["activation"],
+                      norm=None if critic_cfg["norm"] == "none" else critic_cfg["norm"], bn_momentum=critic_cfg["bn_momentum"])
+        self.critic = (QEnsemble(obs_dim, self.policy.head_dim, num_q=critic_cfg["num_q"], **layers)
+                       if self.spec.uses_critic else None)  # imitation learns the actor alone
         self.target = copy.deepcopy(self.critic).requires_grad_(False) if self.spec.target_network else None
+        self.value = QEnsemble(obs_dim, 0, num_q=1, **layers) if self.spec.value_network else None
         self.log_alpha = torch.nn.Parameter(torch.tensor(math.log(algo_cfg["alpha_init"]), dtype=torch.float32, device=self.device))
-        for m in (self.policy, self.critic, self.target):
+        for m in (self.policy, self.critic, self.target, self.value):
             if m is not None:
                 m.to(self.device)
         lr = algo_cfg["lr"]
         by_lr: dict[float, list] = {}  # one param group per distinct learning rate: fewer Python loops per step
-        critic_params = list(self.critic.parameters()) if self.critic is not None else []
+        critic_params = [p for m in (self.critic, self.value) if m is not None for p in m.parameters()]
         for params, key in ((self.policy.parameters(), "actor_lr"), (critic_params, "critic_lr"), ([self.log_alpha], "alpha_lr")):
             by_lr.setdefault(float(algo_cfg[key] or lr), []).extend(params)
         self.optimizer = torch.optim.Adam(
             [{"params": ps, "lr": group_lr} for group_lr, ps in by_lr.items() if ps], betas=tuple(algo_cfg["adam_betas"]), fused=True
         )
         te = algo_cfg["target_entropy"]
-        self.target_entropy = -float(self.policy.head_dim) if te is None else float(te)
+        self.nets = LearnerNets(actor=self.policy, critic=self.critic, target=self.target, value=self.value, log_alpha=self.log_alpha)
+        self.loss_options = LossOptions(
+            target_entropy=-float(self.policy.head_dim) if te is None else float(te), autotune_alpha=algo_cfg["autotune_alpha"],
+            expectile=algo_cfg["expectile"], temperature=algo_cfg["temperature"], max_weight=algo_cfg["max_weight"],
+        )
         self.replay: Peer | None = None
         self.updates = 0
         self.version = 0
@@ -119,11 +125,10 @@ class OffPolicyActorWorker(Worker):
             if data[k].dtype != torch.float32:
                 data[k] = data[k].float()
         logs: list[dict] = []
-        delay, tau, autotune = c["policy_delay"], c["tau"], c["autotune_alpha"]
+        delay, tau = c["policy_delay"], c["tau"]
         for u in range(num_updates):
             batch = {k: v[u] for k, v in data.items()}
-            out = self.loss_fn(batch, self.policy, self.critic, self.target, self.log_alpha, self.target_entropy,
-                               update_actor=self.updates % delay == 0, autotune_alpha=autotune)
+            out = self.loss_fn(batch, self.nets, self.loss_options, update_actor=self.updates % delay == 0)
             loss = sum(v for k, v in out.items() if k.startswith("loss_"))
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -148,6 +153,7 @@ class OffPolicyActorWorker(Worker):
             "policy": self.policy.state_dict(),
             "critic": self.critic.state_dict() if self.critic is not None else None,
             "target": self.target.state_dict() if self.target is not None else None,
+            "value": self.value.state_dict() if self.value is not None else None,
             "log_alpha": self.log_alpha.detach().cpu().clone(),
             "optimizer": self.optimizer.state_dict(),
             "updates": self.updates,
@@ -161,6 +167,8 @@ class OffPolicyActorWorker(Worker):
             self.critic.load_state_dict(state["critic"])
         if self.target is not None:
             self.target.load_state_dict(state["target"])
+        if self.value is not None:
+            self.value.load_state_dict(state["value"])
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
         self.optimizer.load_state_dict(state["optimizer"])
