@@ -264,7 +264,7 @@ def test_checkpoints_keep_the_newest(basic_run):
     _, _, run_dir = basic_run
     assert checkpoints(run_dir) == ["iter_00000006", "iter_00000008"]  # keep_checkpoints=2
     last = run_dir / "checkpoints" / "iter_00000008"
-    assert sorted(p.name for p in last.iterdir()) == ["actor.pt", "envs.pt", "rollouts.pt", "runner.pt"]
+    assert sorted(p.name for p in last.iterdir()) == ["actor.pt", "envs.pt", "manifest.json", "rollouts.pt", "runner.pt"]
     runner = torch.load(last / "runner.pt", weights_only=False)
     assert (runner["iteration"], runner["env_steps"], runner["version"]) == (8, 2048, 8)
     actor = torch.load(last / "actor.pt", weights_only=False)
@@ -309,6 +309,22 @@ def test_resume_continues_from_the_remaining_checkpoint(basic_run, tmp_path, cap
     assert OmegaConf.load(run_dir / "config.yaml").run.dir == str(run_dir)
     # the folder it was copied from is untouched
     assert (original / "metrics.jsonl").read_bytes() == original_metrics
+
+
+def test_resume_skips_a_truncated_newest_checkpoint(basic_run, tmp_path, capsys):
+    _, _, original = basic_run
+    run_dir = tmp_path / "damaged"
+    shutil.copytree(original, run_dir)
+    actor = run_dir / "checkpoints" / "iter_00000008" / "actor.pt"
+    actor.write_bytes(actor.read_bytes()[:100])  # as if the disk filled while it was copied
+    rc = main(["resume", str(run_dir)])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "iter_00000008: actor.pt has 100 bytes" in out and "moved to iter_00000008.corrupt" in out
+    assert "[rlweave] resumed from iter_00000006: iteration 6, 1536 env steps" in out
+    assert [r["iteration"] for r in read_metrics(run_dir)] == list(range(1, 9))
+    # the damaged one is kept aside for inspection, not deleted
+    assert checkpoints(run_dir) == ["iter_00000006", "iter_00000008", "iter_00000008.corrupt"]
 
 
 # --------------------------------------------------------------------------- other placements and algorithms

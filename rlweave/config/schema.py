@@ -184,6 +184,7 @@ class TrainConfig:
     max_staleness: int = non_negative(1)
     sync_every: int = positive(1)
     keep_checkpoints: int = positive(3)
+    keep_best: bool = False  # also keep the checkpoint with the best evaluation return
     # offline algorithms (IQL, offline BC) take no env steps: they run total_updates gradient
     # updates, updates_per_iteration per iteration (eval_every and checkpoint_every count these)
     total_updates: int = non_negative(0)

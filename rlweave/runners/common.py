@@ -16,7 +16,7 @@ from rlweave.cluster import Cluster, PlacementError, make_plan
 from rlweave.config import ConfigError
 from rlweave.envs import space_info
 from rlweave.models import build_policy
-from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint
+from rlweave.utils.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace, truncate_metrics, write_text_atomic
 
 RUNNER_OF_KIND = {"on_policy": "onpolicy", "off_policy": "offpolicy", "imitation": "offpolicy", "offline": "offpolicy"}
@@ -171,6 +171,7 @@ class RunnerBase:
         self.channels: list = []
         self.cluster: Cluster | None = None
         self._last_packet = None
+        self._score: float | None = None  # the latest evaluation return: the checkpoints' score
 
     # ------------------------------------------------------------------ to provide
     def _start(self) -> None:
@@ -224,11 +225,22 @@ class RunnerBase:
         return {"iteration": self.iteration, "env_steps": self.env_steps, "wall_time": self._wall(),
                 "numpy": np.random.get_state(), "python": random.getstate(), "torch": torch.get_rng_state()}
 
+    def _write_checkpoint(self, parts: dict) -> None:
+        """Saves ``parts`` as this iteration's checkpoint, scored by the latest evaluation return
+        (``train.keep_best`` keeps the best-scored one beside the newest ``train.keep_checkpoints``)."""
+        t = self.cfg.train
+        save_checkpoint(self.run_dir, self.iteration, parts, keep=t.keep_checkpoints, score=self._score, keep_best=t.keep_best)
+
     def _restore(self) -> None:
-        path = latest_checkpoint(self.run_dir)
+        def skip(path, reason: str) -> None:
+            aside = path.with_name(path.name + ".corrupt")
+            path.rename(aside)  # kept for inspection, out of the way of later saves and retention
+            print(f"[rlweave] {reason}; skipped (moved to {aside.name}), trying the previous checkpoint")
+
+        path = latest_checkpoint(self.run_dir, on_skip=skip)
         if path is None:
-            raise FileNotFoundError(f"no checkpoint under {self.run_dir / 'checkpoints'} to resume from")
-        state = load_checkpoint(path)
+            raise FileNotFoundError(f"no usable checkpoint under {self.run_dir / 'checkpoints'} to resume from")
+        state = load_checkpoint(path, verify=False)  # latest_checkpoint verified it
         r = state["runner"]
         self._restore_parts(state)
         self.iteration, self.env_steps, self.wall_offset = r["iteration"], r["env_steps"], r["wall_time"]
@@ -257,10 +269,12 @@ class RunnerBase:
         """Evaluates when due (every ``train.eval_every`` iterations and at the end), then logs the
         iteration's record and moves the progress line."""
         ev = self.cfg.train.eval_every
+        self._score = None  # a checkpoint is scored only by an evaluation of its own iteration
         if ev and (self.iteration % ev == 0 or final):
             t_e = time.perf_counter()
             record.update(self.evaluate())
             record["time/eval"] = time.perf_counter() - t_e
+            self._score = record.get("eval/episode_return")
             trace.span("driver", "eval", t_e, record["time/eval"])
         record["wall_time"] = self._wall()
         metrics.log(record)
@@ -310,8 +324,8 @@ class RunnerBase:
                 progress.close()
                 metrics.close()
                 trace.write()
-            ckpt = latest_checkpoint(self.run_dir)
-            if ckpt is None or ckpt.name != f"iter_{self.iteration:08d}":
+            ckpts = list_checkpoints(self.run_dir)
+            if not ckpts or ckpts[-1].name != f"iter_{self.iteration:08d}":
                 self._save()
         finally:
             self.shutdown()

@@ -39,7 +39,6 @@ from rlweave.cluster import GroupPlacement, WorkerGroup, wait_all
 from rlweave.models import build_policy
 from rlweave.runners.common import RunnerBase, policy_kwargs
 from rlweave.runners.evaluate import evaluate_policy
-from rlweave.utils.checkpoint import save_checkpoint
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace
 from rlweave.workers.channels import ChannelSpec
 from rlweave.workers.datasets import load_transitions
@@ -142,7 +141,7 @@ class OffPolicyRunner(RunnerBase):
             "rollouts": self.rollout.run("state_dict") if self.rollout is not None else [],
             "runner": {**self._driver_state(), "ingested_steps": self.ingested_steps, "updates": self.updates},
         }
-        save_checkpoint(self.run_dir, self.iteration, parts, keep=self.cfg.train.keep_checkpoints)
+        self._write_checkpoint(parts)
 
     def _restore_parts(self, state: dict) -> None:
         r = state["runner"]

@@ -35,7 +35,6 @@ from rlweave.flow.profile import measure_stage_costs
 from rlweave.models import build_policy
 from rlweave.runners.common import RunnerBase, check_compatible, policy_kwargs
 from rlweave.runners.evaluate import evaluate_policy
-from rlweave.utils.checkpoint import save_checkpoint
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace, write_text_atomic
 from rlweave.workers.actor_worker import ActorWorker
 from rlweave.workers.channels import ChannelSpec
@@ -234,7 +233,7 @@ class OnPolicyRunner(RunnerBase):
                 } if self.planner else None,
             },
         }
-        save_checkpoint(self.run_dir, self.iteration, parts, keep=self.cfg.train.keep_checkpoints)
+        self._write_checkpoint(parts)
 
     def _restore_parts(self, state: dict) -> None:
         r = state["runner"]

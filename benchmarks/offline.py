@@ -1,0 +1,80 @@
+"""IQL against behaviour cloning on the same offline dataset, over several seeds.
+
+Trains the ``iql-hopper-medium`` recipe (or ``--recipe``) twice per seed on ``--dataset``: once as
+IQL and once as offline BC (``algorithm.name=offline_bc``: the same actor, regressing the dataset's
+actions), the same number of gradient updates and the same evaluation protocol (deterministic
+policy, ``train.eval_episodes`` episodes on separately seeded envs). Reports per seed and as mean
++- std: the final evaluation return, the mean of the last three evaluations, and the dataset's own
+mean episode return; and the ratios IQL / dataset and IQL / BC. The verdict (the issue's target)
+is IQL's mean final return above both the dataset's mean return and BC's.
+
+    rlweave bench offline --dataset data/hopper-medium --seeds 0 1 2 --updates 50000 [--json F] [-- key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parent))  # `rlweave bench` loads this file by path
+import _common as C  # noqa: E402
+from learning import run_seed  # noqa: E402
+
+
+def _summary(runs: list[dict]) -> dict:
+    finals = [r["final_eval_return"] for r in runs]
+    last3 = [statistics.fmean(v for _, v in r["evals"][-3:]) for r in runs]
+    return {"final_mean": statistics.fmean(finals), "final_std": statistics.pstdev(finals) if len(finals) > 1 else 0.0,
+            "last3_mean": statistics.fmean(last3), "finals": finals, "wall_s": [r["wall_s"] for r in runs]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", required=True, help="a Minari dataset folder (rlweave collect)")
+    p.add_argument("--recipe", default="iql-hopper-medium")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--updates", type=int, default=50_000, help="gradient updates per run (both algorithms)")
+    p.add_argument("--keep", default=None, help="folder to keep the runs in (default: a temporary folder)")
+    p.add_argument("--json", default=None)
+    p.add_argument("overrides", nargs="*", help="config overrides for every run (key=value)")
+    args = p.parse_args(argv)
+
+    from omegaconf import OmegaConf
+
+    from rlweave.config import load_config
+    from rlweave.envs import space_info
+    from rlweave.workers.datasets import load_transitions
+
+    cfg = load_config(args.recipe, [f"replay.offline_dataset={args.dataset}", *args.overrides])
+    obs_space, act_space = space_info(cfg.env.id, cfg.env.pixels, OmegaConf.to_container(cfg.env.kwargs))
+    _, stats = load_transitions(args.dataset, obs_space, act_space, cfg.algorithm.gamma)
+    print(f"offline: {args.recipe} on {args.dataset} ({stats['episodes']} episodes, {stats['steps']} steps, "
+          f"return {stats['return_mean']:.1f} +- {stats['return_std']:.1f}); {args.updates} updates; seeds {args.seeds}")
+    common = [f"replay.offline_dataset={args.dataset}", f"train.total_updates={args.updates}", *args.overrides]
+    results: dict[str, list[dict]] = {}
+    for algo in ("iql", "offline_bc"):
+        results[algo] = []
+        for seed in args.seeds:
+            keep = str(Path(args.keep) / algo) if args.keep else None
+            r = run_seed(args.recipe, seed, [f"algorithm.name={algo}", *common], keep)
+            results[algo].append(r)
+            print(f"  {algo} seed {seed}: final eval return {r['final_eval_return']:.1f}; {r['wall_s']:.0f} s")
+    iql, bc = _summary(results["iql"]), _summary(results["offline_bc"])
+    data_mean = stats["return_mean"]
+    passed = iql["final_mean"] > data_mean and iql["final_mean"] > bc["final_mean"]
+    print(f"IQL {iql['final_mean']:.1f} +- {iql['final_std']:.1f} | BC {bc['final_mean']:.1f} +- {bc['final_std']:.1f} | "
+          f"dataset {data_mean:.1f}; IQL/dataset {iql['final_mean'] / data_mean:.2f}, IQL/BC {iql['final_mean'] / bc['final_mean']:.2f}; "
+          f"{'IQL above both' if passed else 'IQL NOT above both'}")
+    out = {"benchmark": "offline", "recipe": args.recipe, "dataset": str(args.dataset), "dataset_stats": stats,
+           "updates": args.updates, "seeds": args.seeds, "iql": iql, "bc": bc,
+           "ratio_iql_to_dataset": iql["final_mean"] / data_mean, "ratio_iql_to_bc": iql["final_mean"] / bc["final_mean"],
+           "passed": passed, "runs": results, "overrides": args.overrides, "environment": C.environment_info()}
+    if args.json:
+        C.write_json(args.json, out)
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
