@@ -359,9 +359,10 @@ def test_async_sac_run_accounts_for_every_sample(ray_session, tmp_path):
     assert [r["samples/staleness"] for r in rows] == [0, 0, 0, 1]  # v2 acted in iteration 3; the learner, at v3, trains on it in 4
     assert rows[-1]["eval/episode_return"] < 0
     assert {"train/loss_qvalue", "train/loss_actor", "train/alpha", "time/actor", "perf/updates_per_s"} <= set(rows[-1])
-    # the final checkpoint holds every collected transition, in the replay shard
+    # the final checkpoint holds every collected transition: 300 ingested, the last 100 staged
     replay = load_checkpoint(latest_checkpoint(run_dir))["replay"]
-    assert replay[0]["rings"]["online"]["size"] == 400
+    assert replay[0]["rings"]["online"]["size"] == 300
+    assert sum(len(it["transitions"]["reward"]) for it in replay[0]["staged"]) == 100
 
 
 def test_same_seed_same_learning_and_resume_continues(ray_session, tmp_path):
@@ -381,22 +382,23 @@ def test_same_seed_same_learning_and_resume_continues(ray_session, tmp_path):
     assert rc == 0, out
     rows = read_metrics(a)
     assert [r["env_steps"] for r in rows] == [100, 200, 300, 400, 500, 600]
-    assert rows[4]["samples/ingested"] == 0  # the checkpoint had already taken iteration 4's transitions in
+    assert rows[4]["samples/ingested"] == 100  # iteration 4's transitions, staged in the checkpoint
     assert rows[5]["train/updates"] == 150 + 100 + 100
 
 
-def test_checkpoints_every_iteration_take_the_pending_transitions_in(ray_session, tmp_path):
+def test_checkpoints_every_iteration_hold_the_pending_transitions_without_changing_the_run(ray_session, tmp_path):
     run_dir = tmp_path / "ckpt"
     rc, out = train("sac-pendulum", *SMALL, "train.checkpoint_every=1", "train.keep_checkpoints=10", f"run.dir={run_dir}")
     assert rc == 0, out
     rows = read_metrics(run_dir)
-    # every checkpoint ingested its iteration's transitions, so each iteration's train call finds none
-    assert [r["samples/ingested"] for r in rows] == [0, 0, 0, 0]
-    # the learner sees the same data in each iteration as without checkpoints (the same updates are due)
+    # the learner sees the same data in each iteration as without checkpoints
+    assert [r["samples/ingested"] for r in rows] == [0, 100, 100, 100]
     assert [r["samples/updates"] for r in rows] == [0, 0, 50, 100]
-    assert all(r["samples/staleness"] == 0 for r in rows)
-    sizes = [load_checkpoint(p)["replay"][0]["rings"]["online"]["size"] for p in sorted((run_dir / "checkpoints").iterdir())]
-    assert sizes == [100, 200, 300, 400]
+    assert [r["samples/staleness"] for r in rows] == [0, 0, 0, 1]
+    # each checkpoint holds every collected transition: ingested ones in the ring, the iteration's own staged
+    states = [load_checkpoint(p)["replay"][0] for p in sorted((run_dir / "checkpoints").iterdir())]
+    assert [s["rings"].get("online", {}).get("size", 0) for s in states] == [0, 100, 200, 300]
+    assert [sum(len(it["transitions"]["reward"]) for it in s["staged"]) for s in states] == [100, 100, 100, 100]
 
 
 def test_collect_then_train_mode_has_no_staleness(ray_session, tmp_path):

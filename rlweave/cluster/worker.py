@@ -33,6 +33,9 @@ from rlweave.cluster.cluster import Cluster
 from rlweave.cluster.placement import GroupPlacement, Slot
 
 
+PROCESS_DIED = "worker process died"
+
+
 class WorkerError(RuntimeError):
     """An exception raised inside a worker, re-raised in the driver with where it happened."""
 
@@ -42,6 +45,12 @@ class WorkerError(RuntimeError):
         self.short = f"worker {group}[rank {rank}] failed in {method}(): {message}"
         text = self.short + (f"\n--- remote traceback ---\n{remote_traceback}" if remote_traceback else "")
         super().__init__(text)
+
+    @property
+    def process_died(self) -> bool:
+        """A worker process died (this one, or one it was calling), as opposed to an exception in
+        worker code: the failure a restart of the worker groups can cure."""
+        return PROCESS_DIED in self.short
 
     def __reduce__(self):
         return (WorkerError, (self.group, self.rank, self.method, self.short.split("(): ", 1)[-1], self.remote_traceback))
@@ -265,7 +274,7 @@ class Handle:
             detail = repr(inner) if inner is not None else _last_line(str(e))
             raise WorkerError(self.group, rank, self.method, detail) from None
         except ray.exceptions.RayActorError as e:
-            raise WorkerError(self.group, rank, self.method, f"worker process died ({type(e).__name__})") from None
+            raise WorkerError(self.group, rank, self.method, f"{PROCESS_DIED} ({type(e).__name__})") from None
 
     def __await__(self):
         async def _collect():
@@ -318,7 +327,7 @@ class Peer:
                 raise WorkerError(cause.group, cause.rank, cause.method, cause.short.split("(): ", 1)[-1], cause.remote_traceback) from None
             raise
         except ray.exceptions.RayActorError:
-            raise WorkerError(self.group, self.rank, "(peer call)", "worker process died") from None
+            raise WorkerError(self.group, self.rank, "(peer call)", PROCESS_DIED) from None
 
 
 class WorkerGroup:

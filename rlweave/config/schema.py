@@ -185,6 +185,9 @@ class TrainConfig:
     sync_every: int = positive(1)
     keep_checkpoints: int = positive(3)
     keep_best: bool = False  # also keep the checkpoint with the best evaluation return
+    # a worker process that dies (killed, segfault, out of memory) costs a rebuild of the worker
+    # groups and the work since the newest checkpoint, at most this many times per run
+    max_restarts: int = non_negative(3)
     # offline algorithms (IQL, offline BC) take no env steps: they run total_updates gradient
     # updates, updates_per_iteration per iteration (eval_every and checkpoint_every count these)
     total_updates: int = non_negative(0)

@@ -24,6 +24,8 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
+from rlweave.envs.snapshot import restore_env, snapshot_env
+
 
 class EnvError(RuntimeError):
     """An environment misbehaved; the message names env id, worker rank and step."""
@@ -284,11 +286,19 @@ class VectorEnv:
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """Everything needed to continue exactly: RNG, counters, reward scaler, and the running
+        episodes (each env's snapshot, the current observations, the partial returns)."""
         return {
             "rng": self._rng.bit_generator.state,
             "steps": self.steps,
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "dropped_episodes": self.dropped_episodes,
+            "episodes": None if self._obs is None else {
+                "envs": [snapshot_env(env) for env in self.envs],
+                "obs": self._obs.copy(),
+                "returns": self.stats.returns.copy(),
+                "lengths": self.stats.lengths.copy(),
+            },
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -297,7 +307,17 @@ class VectorEnv:
         self.dropped_episodes = state.get("dropped_episodes", 0)
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-        self._obs = None  # the next collect starts fresh episodes from the restored RNG
+        running = state.get("episodes")
+        if running is None:
+            self._obs = None  # the next collect starts fresh episodes from the restored RNG
+            return
+        if len(running["envs"]) != self.num_envs:
+            raise ValueError(f"env state holds {len(running['envs'])} envs, this worker has {self.num_envs}")
+        for env, snap in zip(self.envs, running["envs"]):
+            restore_env(env, snap)
+        self._obs = running["obs"].copy()
+        self.stats.returns[:] = running["returns"]
+        self.stats.lengths[:] = running["lengths"]
 
     def close(self) -> None:
         for env in self.envs:

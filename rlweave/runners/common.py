@@ -4,6 +4,8 @@ placement of the env / rollout / actor groups, and the policy's constructor argu
 from __future__ import annotations
 
 import random
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlweave.algorithms import get_algorithm
-from rlweave.cluster import Cluster, PlacementError, make_plan
+from rlweave.cluster import Cluster, PlacementError, WorkerError, make_plan
 from rlweave.config import ConfigError
 from rlweave.envs import space_info
 from rlweave.models import build_policy
@@ -150,9 +152,15 @@ class RunnerBase:
     checkpoints and a callback, write a final checkpoint, and shut every group down.
 
     A runner provides ``_start()`` (its worker groups), ``_iteration(metrics, trace, progress)``
-    (one iteration, returning its metrics record), ``_save()`` and ``_restore_parts(state)``, and
-    may override ``_more()`` (whether to run another iteration), ``_after_iteration(record)``
-    (e.g. re-planning, before the checkpoint) and ``_derived()`` (what config.yaml records)."""
+    (one iteration, returning its metrics record), ``_parts()`` (its checkpoint's parts) and
+    ``_restore_parts(state)``, and may override ``_more()`` (whether to run another iteration),
+    ``_after_iteration(record)`` (e.g. re-planning, before the checkpoint) and ``_derived()`` (what
+    config.yaml records).
+
+    Fault tolerance lives here, once for every runner: when a worker process dies, the worker
+    groups are rebuilt and the run continues from its newest checkpoint (or its start), at most
+    ``train.max_restarts`` times; SIGINT/SIGTERM end the run after the current iteration with a
+    checkpoint (a second signal stops at once)."""
 
     def __init__(self, cfg: DictConfig, run_dir, resume: bool = False):
         self.cfg = cfg
@@ -172,6 +180,9 @@ class RunnerBase:
         self.cluster: Cluster | None = None
         self._last_packet = None
         self._score: float | None = None  # the latest evaluation return: the checkpoints' score
+        self._stop_reason: str | None = None  # set by a signal or request_stop(): stop at the next boundary
+        self._initial: dict | None = None  # the run's state at its start: where a restart without checkpoint begins
+        self.restarts = 0
 
     # ------------------------------------------------------------------ to provide
     def _start(self) -> None:
@@ -180,8 +191,12 @@ class RunnerBase:
     def _iteration(self, metrics, trace, progress) -> dict:
         raise NotImplementedError
 
-    def _save(self) -> None:
+    def _parts(self) -> dict:
+        """The checkpoint's parts (name -> object), ``runner`` among them (see ``_driver_state``)."""
         raise NotImplementedError
+
+    def _save(self) -> None:
+        self._write_checkpoint(self._parts())
 
     def _restore_parts(self, state: dict) -> None:
         raise NotImplementedError
@@ -204,6 +219,8 @@ class RunnerBase:
 
     # ------------------------------------------------------------------ shared steps
     def _start_cluster(self, note: str = "") -> None:
+        if self.cluster is not None:  # a restart rebuilds the worker groups on the cluster it has
+            return
         c = self.cfg.cluster
         self.cluster = Cluster.start(address=c.address, num_cpus=c.num_cpus, num_gpus=c.num_gpus, dashboard=c.dashboard, local=c.local)
         self.plan = plan_placement(self.cfg, self.cluster)
@@ -240,7 +257,10 @@ class RunnerBase:
         path = latest_checkpoint(self.run_dir, on_skip=skip)
         if path is None:
             raise FileNotFoundError(f"no usable checkpoint under {self.run_dir / 'checkpoints'} to resume from")
-        state = load_checkpoint(path, verify=False)  # latest_checkpoint verified it
+        self._restore_state(load_checkpoint(path, verify=False))  # latest_checkpoint verified it
+        print(f"[rlweave] resumed from {path.name}: iteration {self.iteration}, {self.env_steps} env steps")
+
+    def _restore_state(self, state: dict) -> None:
         r = state["runner"]
         self._restore_parts(state)
         self.iteration, self.env_steps, self.wall_offset = r["iteration"], r["env_steps"], r["wall_time"]
@@ -248,7 +268,6 @@ class RunnerBase:
         random.setstate(r["python"])
         torch.set_rng_state(r["torch"])
         truncate_metrics(self.run_dir, self.iteration)
-        print(f"[rlweave] resumed from {path.name}: iteration {self.iteration}, {self.env_steps} env steps")
 
     @staticmethod
     def _episode_metrics(env_out: list[dict]) -> dict:
@@ -290,6 +309,10 @@ class RunnerBase:
         write_text_atomic(self.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(cfg)))
 
     # ------------------------------------------------------------------ the loop
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Ends the run at the next iteration boundary, with a checkpoint (what SIGINT/SIGTERM do)."""
+        self._stop_reason = reason
+
     def run(self, on_iteration=None) -> dict:
         """Trains to the step budget. ``on_iteration(runner, record)`` runs at every iteration
         boundary (after ``_after_iteration`` and the checkpoint): the place to change the run by
@@ -298,8 +321,10 @@ class RunnerBase:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._t_start = time.perf_counter()
         last: dict = {}
+        restore_signals = lambda: None  # noqa: E731
         try:
             self._start()
+            restore_signals = self._install_signal_handlers()  # after Ray's start, which installs its own
             if not self.resume:
                 np.random.seed(cfg.seed)
                 random.seed(cfg.seed)
@@ -308,12 +333,24 @@ class RunnerBase:
             if self.resume:
                 self._restore()
             self._sync_weights()
+            if cfg.train.max_restarts and not self.resume:
+                self._initial = self._parts()  # a restart before the first checkpoint starts over from here
             metrics = MetricsWriter(self.run_dir, tensorboard=cfg.run.tensorboard)
             trace = Trace(self.run_dir)
             progress = Progress(self._budget()[1], enabled=cfg.run.progress, unit=self._budget_unit)
             try:
-                while self._more():
-                    last = self._iteration(metrics, trace, progress)
+                while self._more() and self._stop_reason is None:
+                    try:
+                        last = self._iteration(metrics, trace, progress)
+                    except WorkerError as e:
+                        if not e.process_died or self.restarts >= cfg.train.max_restarts:
+                            if e.process_died and cfg.train.max_restarts:
+                                print(f"[rlweave] {e.short}; no restarts left (train.max_restarts={cfg.train.max_restarts})")
+                            raise
+                        metrics.close()
+                        self._recover(e)
+                        metrics = MetricsWriter(self.run_dir, tensorboard=cfg.run.tensorboard)
+                        continue
                     self._after_iteration(last)
                     ce = cfg.train.checkpoint_every
                     if ce and self.iteration % ce == 0:
@@ -327,14 +364,61 @@ class RunnerBase:
             ckpts = list_checkpoints(self.run_dir)
             if not ckpts or ckpts[-1].name != f"iter_{self.iteration:08d}":
                 self._save()
+            if self._stop_reason is not None and self._more():
+                print(f"[rlweave] {self._stop_reason}: stopped at iteration {self.iteration} with a checkpoint; "
+                      f"continue with: rlweave resume {self.run_dir}")
         finally:
+            restore_signals()
             self.shutdown()
         return last
+
+    def _recover(self, error: WorkerError) -> None:
+        """Rebuilds every worker group and channel (a dead process took its state, and its peers'
+        calls, with it) and continues from the newest good checkpoint, or the run's start."""
+        self.restarts += 1
+        self._stop_groups()
+        self._start()
+        path = latest_checkpoint(self.run_dir)
+        where = path.name if path is not None else "the start of the run"
+        print(f"[rlweave] {error.short}; restart {self.restarts}/{self.cfg.train.max_restarts}: "
+              f"worker groups rebuilt, continuing from {where}")
+        self._restore_state(load_checkpoint(path, verify=False) if path is not None else self._initial)
+        self._sync_weights()
+
+    def _install_signal_handlers(self):
+        """SIGINT/SIGTERM: the first asks for a stop at the next iteration boundary (with a
+        checkpoint, exit status 0); a second one interrupts at once. Returns the undo function.
+        Only the main thread can own signals; elsewhere (a test's thread) nothing is installed."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def handler(signum, frame):
+            name = signal.Signals(signum).name
+            if self._stop_reason is not None:
+                raise KeyboardInterrupt(f"second signal ({name})")
+            self.request_stop(name)
+            print(f"\n[rlweave] {name}: finishing this iteration, then a checkpoint and exit (send it again to stop at once)",
+                  flush=True)
+
+        for sig in previous:
+            signal.signal(sig, handler)
+
+        def undo() -> None:
+            for sig, h in previous.items():
+                signal.signal(sig, h)
+
+        return undo
 
     def _on_shutdown(self) -> None:
         return None
 
     def shutdown(self) -> None:
+        self._stop_groups()
+        if self.cluster is not None:
+            self.cluster.shutdown()
+
+    def _stop_groups(self) -> None:
         self._on_shutdown()
         for g in reversed(self.groups):
             g.shutdown()  # a group living in another group's processes leaves them to their owner
@@ -345,5 +429,3 @@ class RunnerBase:
             except Exception:  # noqa: BLE001 - best effort at exit
                 pass
         self.channels = []
-        if self.cluster is not None:
-            self.cluster.shutdown()

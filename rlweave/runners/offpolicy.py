@@ -129,19 +129,18 @@ class OffPolicyRunner(RunnerBase):
         return 0.0 if self.offline else super()._sync_weights()  # offline: no rollout to sync
 
     # ------------------------------------------------------------------ checkpoints
-    def _save(self) -> None:
-        if self.pending_items:  # a checkpoint holds every collected transition: take them in now
-            self.actor.run("ingest", self.pending_items)
-            self.ingested_steps += self.pending_steps
-            self.pending_items = self.pending_steps = 0
+    def _parts(self) -> dict:
+        if self.pending_items:  # a checkpoint holds every collected transition: staged in the replay shard
+            self.replay.run("stage", self.pending_items)
         parts = {
             "actor": self.actor.call("state_dict", ranks=[0]).wait()[0],
             "replay": self.replay.run("state_dict"),
             "envs": self.env.run("state_dict") if self.env is not None else [],
             "rollouts": self.rollout.run("state_dict") if self.rollout is not None else [],
-            "runner": {**self._driver_state(), "ingested_steps": self.ingested_steps, "updates": self.updates},
+            "runner": {**self._driver_state(), "ingested_steps": self.ingested_steps, "updates": self.updates,
+                       "pending_items": self.pending_items, "pending_steps": self.pending_steps},
         }
-        self._write_checkpoint(parts)
+        return parts
 
     def _restore_parts(self, state: dict) -> None:
         r = state["runner"]
@@ -151,6 +150,8 @@ class OffPolicyRunner(RunnerBase):
             self.env.call_each("load_state_dict", [(s,) for s in state["envs"]]).wait()
             self.rollout.call_each("load_state_dict", [(s,) for s in state["rollouts"]]).wait()
         self.ingested_steps, self.updates = r["ingested_steps"], r["updates"]
+        # the transitions in flight at the checkpoint are staged in the replay shard's state
+        self.pending_items, self.pending_steps = r.get("pending_items", 0), r.get("pending_steps", 0)
 
     def _updates_due(self, steps: int) -> int:
         """Updates the learner owes once ``steps`` env steps have reached it: ``utd_ratio`` per

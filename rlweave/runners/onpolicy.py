@@ -215,7 +215,7 @@ class OnPolicyRunner(RunnerBase):
         print(f"[rlweave] env workers scaled to {num_workers}: {self.flow.label()}")
 
     # ------------------------------------------------------------------ checkpoints
-    def _save(self) -> None:
+    def _parts(self) -> dict:
         parts = {
             "actor": self.actor.call("state_dict", ranks=[0]).wait()[0],
             "envs": self.env.run("state_dict"),
@@ -233,7 +233,7 @@ class OnPolicyRunner(RunnerBase):
                 } if self.planner else None,
             },
         }
-        self._write_checkpoint(parts)
+        return parts
 
     def _restore_parts(self, state: dict) -> None:
         r = state["runner"]
@@ -415,6 +415,10 @@ class OnPolicyRunner(RunnerBase):
 
     def _derived(self) -> dict:
         return {**self.plan.as_dict(), "flow": self.flow.as_dict()}
+
+    def _stop_groups(self) -> None:
+        super()._stop_groups()
+        self.env = self.rollout = self.flow = None  # a restart lays out fresh groups
 
     def _on_shutdown(self) -> None:
         if self.plan_log:

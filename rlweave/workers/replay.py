@@ -199,14 +199,33 @@ class ReplayBufferWorker(Worker):
                  transient: tuple[str, ...] = ()):
         self.buffer = ReplayBuffer(capacity, seed=seed * 7919 + self.rank, mix=mix, transient=transient)
         self.channel = channel.open() if channel is not None else None
+        self.staged: list[dict] = []  # taken from the channel for a checkpoint, not yet ingested
+
+    def _take(self, count: int, timeout: float) -> list[dict]:
+        """``count`` transition items: the staged ones first, then from the channel."""
+        items, self.staged = self.staged[:count], self.staged[count:]
+        if count > len(items):
+            envelopes = self.channel.get_batch_envelopes(float(count - len(items)), key=self.rank, timeout=timeout)
+            items += [e.item for e in envelopes]
+        return items
+
+    def stage(self, count: int, timeout: float = 600.0) -> int:
+        """Makes sure ``count`` transition items are staged: taken out of the channel into this
+        shard's checkpointed state *without* being ingested. A checkpoint then holds every
+        collected transition, and the next ``ingest`` sees exactly what it would have seen without
+        the checkpoint (the same items, counted and staleness-checked then)."""
+        need = count - len(self.staged)
+        if need > 0:
+            self.staged += [e.item for e in self.channel.get_batch_envelopes(float(need), key=self.rank, timeout=timeout)]
+        return len(self.staged)
 
     def ingest(self, count: int, timeout: float = 600.0) -> dict:
-        """Moves ``count`` transition batches addressed to this rank from the channel into the
-        online ring. Returns how many transitions came in and the policy versions they carry."""
+        """Moves ``count`` transition batches addressed to this rank (staged ones first, then from
+        the channel) into the online ring. Returns how many transitions came in and the policy
+        versions they carry."""
         if count <= 0:
             return {"transitions": 0, "versions": []}
-        envelopes = self.channel.get_batch_envelopes(float(count), key=self.rank, timeout=timeout)
-        items = sorted((e.item for e in envelopes), key=lambda it: int(it["env_rank"]))
+        items = sorted(self._take(count, timeout), key=lambda it: int(it["env_rank"]))
         n = 0
         versions: list[int] = []
         for it in items:
@@ -229,7 +248,8 @@ class ReplayBufferWorker(Worker):
         return self.buffer.size(source)
 
     def state_dict(self) -> dict[str, Any]:
-        return self.buffer.state_dict()
+        return {**self.buffer.state_dict(), "staged": list(self.staged)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.buffer.load_state_dict(state)
+        self.staged = list(state.get("staged", []))

@@ -1,0 +1,123 @@
+"""Fault tolerance and exact resume: a run stopped (by request or signal) and resumed, or one whose
+worker process is killed mid-run, ends with the same metrics as an uninterrupted run of the seed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from helpers import QUIET, read_metrics, run_cli
+from rlweave.cli import _runner_class
+from rlweave.config import load_config
+
+# timing, memory and the planner's timing-based predictions differ between any two runs
+_VOLATILE = ("time/", "perf/", "mem/", "plan/")
+
+
+def _stable(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "wall_time" and not k.startswith(_VOLATILE)} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _run(recipe: str, overrides: list[str], run_dir: Path, on_iteration=None):
+    cfg = load_config(recipe, [*overrides, f"run.dir={run_dir}", *QUIET])
+    runner = _runner_class(cfg.runner)(cfg, run_dir)
+    runner.run(on_iteration=on_iteration)
+    return runner
+
+
+# MuJoCo episodes (1000 steps) are always running at an iteration boundary: the checkpoint must
+# carry them, not restart them
+PPO = ["env.id=HalfCheetah-v5", "env.num_workers=1", "rollout.num_workers=1", "env.num_envs=2", "train.rollout_steps=64",
+       "train.total_env_steps=768", "algorithm.epochs=2", "algorithm.minibatch_size=64", "train.eval_every=3",
+       "train.eval_episodes=1", "env.max_episode_steps=200", "train.checkpoint_every=2"]
+SAC = ["policy.hidden=[32,32]", "critic.hidden=[32,32]", "algorithm.batch_size=32", "algorithm.learning_starts=150",
+       "train.rollout_steps=50", "train.total_env_steps=600", "train.eval_every=3", "train.eval_episodes=1",
+       "env.num_envs=2", "train.checkpoint_every=2"]
+
+
+def _stop_at(k: int):
+    def cb(runner, record):
+        if runner.iteration == k:
+            runner.request_stop("test stop")
+    return cb
+
+
+@pytest.mark.parametrize("recipe, overrides, stop", [("ppo-halfcheetah", PPO, 3), ("sac-pendulum", SAC, 3)], ids=["ppo", "sac"])
+def test_stopped_and_resumed_run_matches_the_uninterrupted_one(ray_session, tmp_path, recipe, overrides, stop):
+    whole, parted = tmp_path / "whole", tmp_path / "parted"
+    _run(recipe, overrides, whole)
+    runner = _run(recipe, overrides, parted, on_iteration=_stop_at(stop))
+    assert runner.iteration == stop and len(read_metrics(parted)) == stop
+    assert (parted / "checkpoints" / f"iter_{stop:08d}").is_dir()  # the stop wrote its checkpoint
+    rc, out = run_cli("resume", str(parted))
+    assert rc == 0, out
+    a, b = _stable(read_metrics(whole)), _stable(read_metrics(parted))
+    assert len(a) == len(b) == 6
+    assert a == b
+
+
+def test_killed_env_worker_is_replaced_and_the_run_ends_as_if_nothing_happened(ray_session, tmp_path, capsys):
+    whole, hit = tmp_path / "whole", tmp_path / "hit"
+    _run("ppo-halfcheetah", PPO, whole)
+    killed = []
+
+    def kill_during_next_iteration(runner, record):
+        if runner.iteration == 3 and not killed:
+            pid = runner.env.host_info("pid")[0]
+            killed.append(pid)
+            threading.Timer(0.05, os.kill, (pid, signal.SIGKILL)).start()
+
+    runner = _run("ppo-halfcheetah", PPO, hit, on_iteration=kill_during_next_iteration)
+    out = capsys.readouterr().out
+    assert killed and runner.restarts == 1
+    assert "worker process died" in out and "restart 1/3: worker groups rebuilt, continuing from iter_00000002" in out
+    rows = read_metrics(hit)
+    assert [r["env_steps"] for r in rows] == [128 * i for i in range(1, 7)]  # every sample counted once
+    assert _stable(rows) == _stable(read_metrics(whole))
+
+
+def test_no_restarts_left_stops_the_run_with_the_worker_named(ray_session, tmp_path, capsys):
+    def kill(runner, record):
+        if runner.iteration == 1:
+            threading.Timer(0.05, os.kill, (runner.env.host_info("pid")[0], signal.SIGKILL)).start()
+
+    with pytest.raises(Exception, match=r"worker env\[rank 0\] failed in .*worker process died"):
+        _run("ppo-halfcheetah", [*PPO, "train.max_restarts=0"], tmp_path / "r", on_iteration=kill)
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_0(tmp_path):
+    run_dir = tmp_path / "sig"
+    cmd = [sys.executable, "-m", "rlweave.cli", "train", "ppo-halfcheetah", *PPO, "train.total_env_steps=100000",
+           "train.checkpoint_every=0", f"run.dir={run_dir}", *QUIET]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "RAY_ADDRESS": "local"})
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((run_dir / "metrics.jsonl").exists() and read_metrics(run_dir)):
+        time.sleep(0.2)
+    assert read_metrics(run_dir), "the run never finished an iteration"
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert time.time() - t0 < 30
+    rows = read_metrics(run_dir)
+    n = rows[-1]["iteration"]
+    assert "SIGTERM: stopped at iteration" in out and f"rlweave resume {run_dir}" in out
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [f"iter_{n:08d}"]
