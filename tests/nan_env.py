@@ -14,14 +14,16 @@ FIXED_ENV_ID = "RlweaveFixedLength-v0"
 
 
 class NanRewardEnv(gym.Env):
-    """Episodes of ``length`` steps, reward 1.0, except a NaN reward at episode step ``nan_at``."""
+    """Episodes of ``length`` steps, reward 1.0, except a NaN reward at episode step ``nan_at``
+    (and, with ``bad_shape_at``, an observation of the wrong shape at that step)."""
 
     metadata: dict = {"render_modes": []}
 
-    def __init__(self, nan_at: int = 5, length: int = 10):
+    def __init__(self, nan_at: int = 5, length: int = 10, bad_shape_at: int = 0):
         self.observation_space = gym.spaces.Box(-1.0, 1.0, (3,), dtype=np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self.nan_at, self.length, self.t = nan_at, length, 0
+        self.bad_shape_at = bad_shape_at
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -31,7 +33,7 @@ class NanRewardEnv(gym.Env):
     def step(self, action):
         self.t += 1
         reward = float("nan") if self.t == self.nan_at else 1.0
-        obs = np.full(3, self.t / 100.0, dtype=np.float32)
+        obs = np.full(2 if self.t == self.bad_shape_at else 3, self.t / 100.0, dtype=np.float32)
         return obs, reward, self.t >= self.length, False, {}
 
 

@@ -239,6 +239,19 @@ def test_nan_reward_raises_with_env_id_rank_and_step():
     )
 
 
+def test_observation_of_the_wrong_shape_raises_naming_both_shapes():
+    env = VectorEnv(NAN_ENV_ID, 2, seed=0, rank=1, kwargs={"nan_at": 0, "bad_shape_at": 3})
+    env.reset()
+    for _ in range(2):
+        env.step(discrete_actions(2, 1))
+    with pytest.raises(EnvError) as info:
+        env.step(discrete_actions(2, 1))
+    assert str(info.value) == (
+        f"env '{NAN_ENV_ID}' (env worker rank 1, env 0, step 5) returned an observation of shape (2,); "
+        "its observation space has shape (3,)"
+    )
+
+
 def test_nan_reward_dropped_when_configured():
     env = VectorEnv(NAN_ENV_ID, 2, seed=0, on_nonfinite="drop", kwargs={"nan_at": 2, "length": 10})
     env.reset()

@@ -171,6 +171,7 @@ class VectorEnv:
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
         self._box = isinstance(self.single_action_space, gym.spaces.Box)
+        self._obs_shape = tuple(self.single_observation_space.shape or ())
         self.stats = EpisodeStats(num_envs)
         self.scaler = RewardScaler(num_envs, gamma, reward_clip) if normalize_reward else None
         self.steps = 0  # env steps taken by this worker (every env, every chunk element)
@@ -232,6 +233,11 @@ class VectorEnv:
                         f"raised {type(e).__name__}: {e}"
                     ) from e
                 self.steps += 1
+                if np.shape(o) != self._obs_shape:
+                    raise EnvError(
+                        f"env '{self.env_id}' (env worker rank {self.rank}, env {lo + i}, step {self.steps}) returned an "
+                        f"observation of shape {np.shape(o)}; its observation space has shape {self._obs_shape}"
+                    )
                 if not _finite(o, r):
                     if self.on_nonfinite == "error":
                         what = "reward" if np.all(np.isfinite(np.asarray(o, dtype=float))) else "observation"
