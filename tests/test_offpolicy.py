@@ -514,6 +514,11 @@ def test_iql_learns_offline_from_a_dataset_and_resumes(ray_session, tmp_path):
     assert {"train/loss_value", "train/loss_qvalue", "train/loss_actor", "train/adv_weight"} <= set(rows[-1])
     state = load_checkpoint(latest_checkpoint(run_dir))
     assert state["actor"]["value"] is not None and state["envs"] == [] and state["actor"]["updates"] == 30
+    # the recipe's cosine schedule: the actor's rate, set before the 30th of 30 updates; the others constant
+    groups = state["actor"]["optimizer"]["param_groups"]
+    actor_lr = [g["lr"] for g in groups if g["scheduled"]]
+    assert actor_lr == [pytest.approx(3e-4 * 0.5 * (1 + math.cos(math.pi * 29 / 30)))]
+    assert {g["lr"] for g in groups if not g["scheduled"]} == {3e-4}
     cfg = OmegaConf.load(run_dir / "config.yaml")
     cfg.train.total_updates = 45
     OmegaConf.save(cfg, run_dir / "config.yaml")

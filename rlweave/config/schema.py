@@ -131,6 +131,9 @@ class AlgorithmConfig:
     critic_lr: Optional[float] = field(default=None, metadata={"min": 0})
     alpha_lr: Optional[float] = field(default=None, metadata={"min": 0})
     adam_betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    # the actor's learning rate: constant, or cosine-decayed to 0 over the run's gradient updates
+    # (IQL's reference setting: the policy extracted at the end is not a mid-step snapshot)
+    actor_lr_schedule: str = choice("constant", "constant", "cosine")
     # IQL: expectile of the value regression, inverse temperature (beta) of the advantage weights
     # and their clip
     expectile: float = field(default=0.7, metadata={"min": 0.5, "max": 1})

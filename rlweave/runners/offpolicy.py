@@ -65,6 +65,13 @@ class OffPolicyRunner(RunnerBase):
             return self.updates, self.cfg.train.total_updates
         return super()._budget()
 
+    def _total_updates(self) -> int:
+        """The gradient updates the run will make: its budget offline, else those its env steps owe."""
+        a, t = self.cfg.algorithm, self.cfg.train
+        if self.offline:
+            return t.total_updates
+        return max(1, math.floor(a.utd_ratio * max(0, t.total_env_steps - a.learning_starts)))
+
     # ------------------------------------------------------------------ set-up
     def _start(self) -> None:
         cfg = self.cfg
@@ -77,7 +84,8 @@ class OffPolicyRunner(RunnerBase):
         algo = OmegaConf.to_container(cfg.algorithm)
         self.actor = WorkerGroup(
             OffPolicyActorWorker, plan.groups["actor"], self.cluster,
-            args=(algo, self.pkw, OmegaConf.to_container(cfg.critic), self.obs_space, self.act_space, cfg.env.chunk, cfg.seed),
+            args=(algo, self.pkw, OmegaConf.to_container(cfg.critic), self.obs_space, self.act_space, cfg.env.chunk, cfg.seed,
+                  self._total_updates()),
         )
         self.groups.append(self.actor)
         # the replay shard lives in the learner's process: sampling is a function call

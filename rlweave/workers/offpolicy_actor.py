@@ -44,8 +44,10 @@ class OffPolicyActorWorker(Worker):
         action_space,
         chunk: int,
         seed: int,
+        total_updates: int = 0,
     ):
         self.cfg = algo_cfg
+        self.total_updates = int(total_updates)  # the horizon of algorithm.actor_lr_schedule
         self.spec = get_algorithm(algo_cfg["name"])
         self.loss_fn = get_policy_loss(self.spec.loss)
         torch.manual_seed(seed)
@@ -62,13 +64,19 @@ class OffPolicyActorWorker(Worker):
             if m is not None:
                 m.to(self.device)
         lr = algo_cfg["lr"]
-        by_lr: dict[float, list] = {}  # one param group per distinct learning rate: fewer Python loops per step
+        # one param group per distinct learning rate (fewer Python loops per step); a scheduled
+        # actor learning rate keeps the actor in a group of its own
+        groups: dict[tuple[float, bool], list] = {}
         critic_params = [p for m in (self.critic, self.value) if m is not None for p in m.parameters()]
+        cosine = algo_cfg["actor_lr_schedule"] == "cosine"
         for params, key in ((self.policy.parameters(), "actor_lr"), (critic_params, "critic_lr"), ([self.log_alpha], "alpha_lr")):
-            by_lr.setdefault(float(algo_cfg[key] or lr), []).extend(params)
+            groups.setdefault((float(algo_cfg[key] or lr), cosine and key == "actor_lr"), []).extend(params)
         self.optimizer = torch.optim.Adam(
-            [{"params": ps, "lr": group_lr} for group_lr, ps in by_lr.items() if ps], betas=tuple(algo_cfg["adam_betas"]), fused=True
+            [{"params": ps, "lr": group_lr, "initial_lr": group_lr, "scheduled": sched}
+             for (group_lr, sched), ps in groups.items() if ps],
+            betas=tuple(algo_cfg["adam_betas"]), fused=True,
         )
+        self.scheduled = [g for g in self.optimizer.param_groups if g["scheduled"]]
         te = algo_cfg["target_entropy"]
         self.nets = LearnerNets(actor=self.policy, critic=self.critic, target=self.target, value=self.value, log_alpha=self.log_alpha)
         self.loss_options = LossOptions(
@@ -127,6 +135,10 @@ class OffPolicyActorWorker(Worker):
         logs: list[dict] = []
         delay, tau = c["policy_delay"], c["tau"]
         for u in range(num_updates):
+            if self.scheduled:  # cosine decay to 0 over the run's updates (IQL's actor)
+                frac = min(self.updates / max(self.total_updates, 1), 1.0)
+                for g in self.scheduled:
+                    g["lr"] = g["initial_lr"] * 0.5 * (1.0 + math.cos(math.pi * frac))
             batch = {k: v[u] for k, v in data.items()}
             out = self.loss_fn(batch, self.nets, self.loss_options, update_actor=self.updates % delay == 0)
             loss = sum(v for k, v in out.items() if k.startswith("loss_"))
