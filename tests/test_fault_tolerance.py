@@ -73,23 +73,28 @@ def test_stopped_and_resumed_run_matches_the_uninterrupted_one(ray_session, tmp_
     assert a == b
 
 
-def test_killed_env_worker_is_replaced_and_the_run_ends_as_if_nothing_happened(ray_session, tmp_path, capsys):
+@pytest.mark.parametrize("recipe, overrides, group, steps, last_ckpt", [
+    ("ppo-halfcheetah", PPO, "env", 128, "iter_00000002"),
+    ("sac-pendulum", SAC, "rollout", 100, "iter_00000002"),
+], ids=["ppo-env", "sac-rollout"])
+def test_killed_worker_is_replaced_and_the_run_ends_as_if_nothing_happened(ray_session, tmp_path, capsys, recipe, overrides,
+                                                                           group, steps, last_ckpt):
     whole, hit = tmp_path / "whole", tmp_path / "hit"
-    _run("ppo-halfcheetah", PPO, whole)
+    _run(recipe, overrides, whole)
     killed = []
 
     def kill_during_next_iteration(runner, record):
         if runner.iteration == 3 and not killed:
-            pid = runner.env.host_info("pid")[0]
+            pid = getattr(runner, group).host_info("pid")[0]
             killed.append(pid)
             threading.Timer(0.05, os.kill, (pid, signal.SIGKILL)).start()
 
-    runner = _run("ppo-halfcheetah", PPO, hit, on_iteration=kill_during_next_iteration)
+    runner = _run(recipe, overrides, hit, on_iteration=kill_during_next_iteration)
     out = capsys.readouterr().out
     assert killed and runner.restarts == 1
-    assert "worker process died" in out and "restart 1/3: worker groups rebuilt, continuing from iter_00000002" in out
+    assert "worker process died" in out and f"restart 1/3: worker groups rebuilt, continuing from {last_ckpt}" in out
     rows = read_metrics(hit)
-    assert [r["env_steps"] for r in rows] == [128 * i for i in range(1, 7)]  # every sample counted once
+    assert [r["env_steps"] for r in rows] == [steps * i for i in range(1, 7)]  # every sample counted once
     assert _stable(rows) == _stable(read_metrics(whole))
 
 
@@ -121,3 +126,25 @@ def test_sigterm_writes_a_checkpoint_and_exits_0(tmp_path):
     n = rows[-1]["iteration"]
     assert "SIGTERM: stopped at iteration" in out and f"rlweave resume {run_dir}" in out
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [f"iter_{n:08d}"]
+
+
+def test_a_second_signal_stops_at_once(tmp_path):
+    run_dir = tmp_path / "sig2"
+    # iterations long enough that the first signal cannot finish one before the second arrives
+    cmd = [sys.executable, "-m", "rlweave.cli", "train", "ppo-halfcheetah", *PPO, "train.total_env_steps=10000000",
+           "train.rollout_steps=4000", "train.checkpoint_every=0", f"run.dir={run_dir}", *QUIET]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "RAY_ADDRESS": "local"})
+    deadline = time.time() + 120
+    while time.time() < deadline and not (run_dir / "config.yaml").exists():  # written once the handlers are in place
+        time.sleep(0.2)
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    t0 = time.time()
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert time.time() - t0 < 20
+    assert proc.returncode == 130, out
+    assert "SIGINT: finishing this iteration" in out and "rlweave: interrupted" in out
+    assert not (run_dir / "checkpoints").exists() or not list((run_dir / "checkpoints").glob("iter_*"))

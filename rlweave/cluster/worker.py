@@ -246,6 +246,8 @@ class Handle:
 
     def wait(self, timeout: float | None = None) -> list:
         if self._results is None:
+            if self._pending and not isinstance(self._pending[0], cf.Future):
+                _poll_ready(list(self._pending), len(self._pending), timeout)
             pairs = []
             for rank, p in zip(self.ranks, self._pending):
                 pairs.append(self._get_one(rank, p, timeout))
@@ -507,6 +509,23 @@ class WorkerGroup:
         return getattr(host, method).remote(*args)
 
 
+_POLL_S = 0.25
+
+
+def _poll_ready(refs: list, num: int, timeout: float | None) -> tuple[list, list]:
+    """``ray.wait`` for ``num`` of ``refs`` in slices of ``_POLL_S``: between slices the driver's
+    main thread runs Python again, so a signal handler (a second Ctrl-C) acts within a quarter
+    second instead of when the call returns. ``TimeoutError`` after ``timeout`` seconds."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = _POLL_S if deadline is None else min(_POLL_S, max(0.0, deadline - time.monotonic()))
+        done, rest = ray.wait(refs, num_returns=num, timeout=left)
+        if len(done) >= num:
+            return done, rest
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError("timed out waiting for workers")
+
+
 def wait_all(handles: Sequence[Handle], timeout: float | None = None) -> list[list]:
     """Waits for several handles together and raises the *first* failure as soon as it happens.
 
@@ -531,9 +550,7 @@ def wait_all(handles: Sequence[Handle], timeout: float | None = None) -> list[li
             remaining = list(pending)
             while remaining:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                done, remaining = ray.wait(remaining, num_returns=1, timeout=left)
-                if not done:
-                    raise TimeoutError("timed out waiting for workers")
+                done, remaining = _poll_ready(remaining, 1, left)
                 for ref in done:
                     h, i = entries[pending.index(ref)]
                     h._get_one(h.ranks[i], ref, None)
