@@ -44,10 +44,10 @@ def _run(recipe: str, overrides: list[str], run_dir: Path, on_iteration=None):
 
 # MuJoCo episodes (1000 steps) are always running at an iteration boundary: the checkpoint must
 # carry them, not restart them
-PPO = ["env.id=HalfCheetah-v5", "env.num_workers=1", "rollout.num_workers=1", "env.num_envs=2", "train.rollout_steps=64",
+PPO = ["run.deterministic=true", "env.id=HalfCheetah-v5", "env.num_workers=1", "rollout.num_workers=1", "env.num_envs=2", "train.rollout_steps=64",
        "train.total_env_steps=768", "algorithm.epochs=2", "algorithm.minibatch_size=64", "train.eval_every=3",
        "train.eval_episodes=1", "env.max_episode_steps=200", "train.checkpoint_every=2"]
-SAC = ["policy.hidden=[32,32]", "critic.hidden=[32,32]", "algorithm.batch_size=32", "algorithm.learning_starts=150",
+SAC = ["run.deterministic=true", "policy.hidden=[32,32]", "critic.hidden=[32,32]", "algorithm.batch_size=32", "algorithm.learning_starts=150",
        "train.rollout_steps=50", "train.total_env_steps=600", "train.eval_every=3", "train.eval_episodes=1",
        "env.num_envs=2", "train.checkpoint_every=2"]
 
@@ -105,6 +105,14 @@ def test_no_restarts_left_stops_the_run_with_the_worker_named(ray_session, tmp_p
 
     with pytest.raises(Exception, match=r"worker env\[rank 0\] failed in .*worker process died"):
         _run("ppo-halfcheetah", [*PPO, "train.max_restarts=0"], tmp_path / "r", on_iteration=kill)
+
+
+def test_deterministic_mode_refuses_timing_driven_placement(capsys, tmp_path):
+    from rlweave.cli import main
+
+    rc = main(["train", "ppo-cartpole", "run.deterministic=true", "placement.mode=auto", f"run.dir={tmp_path / 'r'}", *QUIET])
+    err = capsys.readouterr().err
+    assert rc == 2 and "run.deterministic: placement.mode=auto re-plans from timings" in err, err
 
 
 def test_sigterm_writes_a_checkpoint_and_exits_0(tmp_path):

@@ -102,6 +102,12 @@ class Worker:
     def name(self) -> str:
         return f"{self._ctx.group}[rank {self._ctx.rank}]"
 
+    def use_deterministic_algorithms(self) -> None:
+        """``run.deterministic``: torch picks deterministic kernels in this process (a warning,
+        not an error, where an op has none)."""
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # what deterministic cuBLAS needs
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
     # -- torch.distributed across the group's ranks ----------------------------------------
     def dist_address(self) -> tuple[str, int]:
         """Rank 0 picks the rendezvous address every rank joins."""

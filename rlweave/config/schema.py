@@ -202,6 +202,8 @@ class RunConfig:
     dir: Optional[str] = None
     progress: bool = True
     tensorboard: bool = True
+    # deterministic kernels in every process, and no timing-driven layout changes, so that a run
+    # stopped and resumed (or restarted after a failure) logs the same values as one that was not
     deterministic: bool = False
     trace_iterations: int = non_negative(3)  # iterations whose per-micro-batch events go to trace.json
 

@@ -39,6 +39,11 @@ def check_compatible(cfg: DictConfig):
         )
     if spec.kind in ("off_policy", "imitation", "offline"):
         _check_off_policy(cfg)
+    if cfg.run.deterministic and cfg.placement.mode == "auto":
+        raise ConfigError(
+            "run.deterministic: placement.mode=auto re-plans from timings, and a layout change ends running episodes; "
+            "choose the slots (placement.mode collocated, disaggregated or hybrid)"
+        )
     if spec.kind == "offline" and cfg.train.total_updates < 1:
         raise ConfigError(f"train.total_updates: {spec.name} learns from a dataset alone; give the number of gradient updates (> 0)")
     if cfg.env.num_workers % cfg.actor.num_workers:
@@ -325,6 +330,7 @@ class RunnerBase:
         try:
             self._start()
             restore_signals = self._install_signal_handlers()  # after Ray's start, which installs its own
+            self._deterministic_kernels()
             if not self.resume:
                 np.random.seed(cfg.seed)
                 random.seed(cfg.seed)
@@ -372,12 +378,19 @@ class RunnerBase:
             self.shutdown()
         return last
 
+    def _deterministic_kernels(self) -> None:
+        if self.cfg.run.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)  # the driver evaluates
+            for g in self.groups:
+                g.run("use_deterministic_algorithms")
+
     def _recover(self, error: WorkerError) -> None:
         """Rebuilds every worker group and channel (a dead process took its state, and its peers'
         calls, with it) and continues from the newest good checkpoint, or the run's start."""
         self.restarts += 1
         self._stop_groups()
         self._start()
+        self._deterministic_kernels()
         path = latest_checkpoint(self.run_dir)
         where = path.name if path is not None else "the start of the run"
         print(f"[rlweave] {error.short}; restart {self.restarts}/{self.cfg.train.max_restarts}: "
