@@ -1,0 +1,139 @@
+"""Causal language models for RL post-training: Hugging Face architectures, built from a config
+with random weights (nothing can be downloaded on the machines rlweave is developed on) or loaded
+from a local checkpoint folder with ``from_pretrained`` (the path users take with real models).
+
+* :func:`train_tokenizer`: a byte-level BPE trained offline on a corpus in about a second
+  (``tokenizers``), wrapped as a ``transformers`` fast tokenizer with pad/eos tokens.
+* :func:`build_causal_lm`: a Qwen2/Qwen3/Llama model of a given size with random weights.
+* :class:`CausalLMPolicy`: the training-side wrapper: per-token log-probabilities of the response
+  tokens, their entropy, and an optional value head (PPO's token-level critic).
+* :func:`apply_lora` / :func:`merge_lora`: LoRA adapters through ``peft``.
+
+``transformers`` (and ``peft`` for LoRA) are the ``llm`` extra; importing rlweave never needs them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["require_transformers", "train_tokenizer", "build_causal_lm", "CausalLMPolicy", "token_logprobs",
+           "apply_lora", "merge_lora"]
+
+SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>")
+
+
+def require_transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError("language models need Hugging Face transformers: pip install 'rlweave[llm]'") from None
+    return transformers
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 512, min_frequency: int = 1):
+    """A byte-level BPE tokenizer trained on ``texts``, as a ``PreTrainedTokenizerFast`` whose
+    ``<pad>``, ``<eos>`` and ``<bos>`` are ids 0, 1, 2. Byte-level: every string encodes, none
+    maps to an unknown token."""
+    transformers = require_transformers()
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer=trainer)
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
+
+
+_ARCHS = {"qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "llama": "LlamaConfig"}
+
+
+def build_causal_lm(vocab_size: int, arch: str = "qwen2", hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
+                    num_kv_heads: int = 2, intermediate_size: int = 128, max_positions: int = 256, seed: int = 0,
+                    pad_token_id: int = 0, eos_token_id: int = 1, bos_token_id: int = 2, tie_embeddings: bool = True):
+    """A ``transformers`` causal LM of architecture ``arch`` with random weights (seeded)."""
+    transformers = require_transformers()
+    if arch not in _ARCHS:
+        raise ValueError(f"model.arch: unknown architecture {arch!r}; known: {', '.join(_ARCHS)}")
+    if hidden_size % num_heads or num_heads % num_kv_heads:
+        raise ValueError(f"model: hidden_size ({hidden_size}) must split into num_heads ({num_heads}), "
+                         f"and num_heads into num_kv_heads ({num_kv_heads})")
+    config = getattr(transformers, _ARCHS[arch])(
+        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads, intermediate_size=intermediate_size, max_position_embeddings=max_positions,
+        tie_word_embeddings=tie_embeddings, pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=bos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return model
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
+    """``log softmax(logits)[..., token]``: ``logits`` [B, T, V], ``tokens`` [B, T] -> [B, T], in
+    float32 whatever the logits' dtype (log-prob differences of bf16 logits are too coarse)."""
+    logits = logits.float()
+    return torch.gather(logits, -1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+
+
+class CausalLMPolicy(nn.Module):
+    """A causal LM as an RL policy over response tokens.
+
+    ``forward(input_ids, attention_mask)`` returns, for every position t >= 1, the log-probability
+    of token t given tokens < t (``logprobs`` [B, T-1]), the entropy of that next-token
+    distribution (``entropy`` [B, T-1]) and, with ``value_head``, a value per position (``values``
+    [B, T-1], the value of the state *before* token t). Losses mask them with the response mask
+    (shifted the same way). Position ids follow the attention mask, so a left-padded batch scores
+    each sequence as it would alone."""
+
+    def __init__(self, model: nn.Module, value_head: bool = False):
+        super().__init__()
+        self.model = model
+        hidden = model.config.hidden_size
+        self.value_head = nn.Linear(hidden, 1) if value_head else None
+        if self.value_head is not None:
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool = True) -> dict[str, Tensor]:
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         output_hidden_states=self.value_head is not None, use_cache=False)
+        logits = out.logits[:, :-1]
+        result = {"logprobs": token_logprobs(logits, input_ids[:, 1:])}
+        if with_entropy:
+            logp = torch.log_softmax(logits.float(), -1)
+            result["entropy"] = -(logp.exp() * logp).sum(-1)
+        if self.value_head is not None:
+            result["values"] = self.value_head(out.hidden_states[-1][:, :-1]).squeeze(-1)
+        return result
+
+
+def apply_lora(model: nn.Module, r: int = 8, alpha: int = 16, dropout: float = 0.0,
+               target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj")):
+    """Wraps ``model`` with LoRA adapters (``peft``); only the adapters train."""
+    try:
+        import peft
+    except ImportError:
+        raise ImportError("LoRA needs peft: pip install 'rlweave[llm]'") from None
+    config = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
+                             task_type="CAUSAL_LM")
+    return peft.get_peft_model(model, config)
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """The base model with the adapters folded into its weights (what a rollout engine loads)."""
+    return model.merge_and_unload()
+
+
+def save_pretrained(model: nn.Module, tokenizer, path: str | Path) -> Path:
+    """Model and tokenizer in the Hugging Face folder layout, loadable with ``from_pretrained``."""
+    path = Path(path)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -1,0 +1,98 @@
+"""Causal LMs built from configs: an offline tokenizer, response log-probs, entropy, value head,
+padding invariance, LoRA, and the from_pretrained round trip."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from rlweave.envs.text_tasks import ArithmeticTask  # noqa: E402
+from rlweave.models.causal_lm import (  # noqa: E402
+    CausalLMPolicy,
+    apply_lora,
+    build_causal_lm,
+    merge_lora,
+    save_pretrained,
+    token_logprobs,
+    train_tokenizer,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    corpus = [p.text + p.answer for p in ArithmeticTask(ops=("+", "-", "*")).prompts("train", 2000, seed=0)]
+    return train_tokenizer(corpus, vocab_size=384)
+
+
+def test_tokenizer_is_trained_offline_and_round_trips(tokenizer):
+    assert (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id) == (0, 1, 2)
+    assert 259 < len(tokenizer) <= 384  # 256 bytes + 3 special tokens + learned merges
+    for text in ("What is 12 + 7? Answer: 19", "unseen words ünïcode ✓"):
+        assert tokenizer.decode(tokenizer(text)["input_ids"]) == text  # byte-level: nothing is unknown
+    assert len(tokenizer("What is 12 + 7? Answer: ")["input_ids"]) < len("What is 12 + 7? Answer: ")  # merges learned
+
+
+def test_model_from_config_and_the_size_it_was_asked_for(tokenizer):
+    model = build_causal_lm(len(tokenizer), hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert model.config.num_hidden_layers == 2 and model.config.hidden_size == 32
+    same = build_causal_lm(len(tokenizer), hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), same.state_dict().values()))  # seeded
+    with pytest.raises(ValueError, match="model.arch: unknown architecture 'gpt9'"):
+        build_causal_lm(64, arch="gpt9")
+    with pytest.raises(ValueError, match="hidden_size"):
+        build_causal_lm(64, hidden_size=30, num_heads=4)
+
+
+def test_logprobs_entropy_and_values(tokenizer):
+    model = build_causal_lm(len(tokenizer), hidden_size=32, intermediate_size=64)
+    policy = CausalLMPolicy(model, value_head=True)
+    ids = torch.tensor([tokenizer("What is 3 + 4? Answer: 7")["input_ids"]])
+    mask = torch.ones_like(ids)
+    out = policy(ids, mask)
+    logits = model(input_ids=ids).logits[:, :-1]
+    expected = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    assert torch.allclose(out["logprobs"], expected, atol=1e-5)
+    p = torch.softmax(logits, -1)
+    assert torch.allclose(out["entropy"], -(p * p.log()).sum(-1), atol=1e-4)
+    assert out["values"].shape == ids[:, 1:].shape and torch.all(out["values"] == 0)  # zero-initialised head
+    assert torch.allclose(token_logprobs(logits.bfloat16(), ids[:, 1:]), expected, atol=0.1)  # float32 math on bf16 input
+
+
+def test_left_padded_batch_scores_each_sequence_as_alone(tokenizer):
+    policy = CausalLMPolicy(build_causal_lm(len(tokenizer), hidden_size=32, intermediate_size=64))
+    a = tokenizer("What is 3 + 4? Answer: 7")["input_ids"]
+    b = tokenizer("What is 12 * 11? Answer: 132")["input_ids"]
+    width = max(len(a), len(b))
+    ids = torch.tensor([[0] * (width - len(a)) + a, [0] * (width - len(b)) + b])
+    mask = (torch.arange(width)[None] >= torch.tensor([[width - len(a)], [width - len(b)]])).long()
+    batch = policy(ids, mask)["logprobs"]
+    for row, seq in enumerate((a, b)):
+        alone = policy(torch.tensor([seq]), torch.ones(1, len(seq), dtype=torch.long))["logprobs"][0]
+        assert torch.allclose(batch[row, width - len(seq):], alone, atol=1e-5)
+
+
+def test_lora_trains_only_adapters_merges_and_round_trips(tokenizer, tmp_path):
+    base = build_causal_lm(len(tokenizer), hidden_size=32, intermediate_size=64)
+    lora = apply_lora(base, r=4, alpha=8)
+    trainable = [n for n, p in lora.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    with torch.no_grad():
+        for n, p in lora.named_parameters():
+            if "lora_B" in n:
+                p.fill_(0.01)  # adapters start at zero; move them so merging has something to fold in
+    ids = torch.tensor([tokenizer("What is 5 - 2? Answer: 3")["input_ids"]])
+    with torch.no_grad():
+        before = lora(input_ids=ids).logits
+        merged = merge_lora(lora)
+        after = merged(input_ids=ids).logits
+    assert torch.allclose(before, after, atol=1e-5)
+    import transformers
+
+    path = save_pretrained(merged, tokenizer, tmp_path / "ckpt")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        assert torch.allclose(loaded(input_ids=ids).logits, after, atol=1e-6)
+    assert transformers.AutoTokenizer.from_pretrained(path)("What is")["input_ids"] == tokenizer("What is")["input_ids"]
