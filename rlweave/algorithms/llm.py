@@ -1,0 +1,158 @@
+"""The token-level pieces of language-model RL: advantage shaping, KL estimators, loss
+aggregation, DAPO's sampling and length rules, and the importance correction of asynchronous PPO.
+
+Pure functions on ``[B, L]`` tensors (B responses, L response tokens, ``mask`` 1 on real tokens),
+sharing the conventions of :mod:`rlweave.algorithms.losses`: terms named ``loss_*`` are
+differentiable; everything else is a detached diagnostic. Sequence-level scores (a verifier's
+reward) are ``[B]``; ``group_ids`` ``[B]`` say which responses answer the same prompt.
+
+* :func:`kl_penalty`: per-token estimators of KL(policy || reference): ``k1`` (log-ratio), ``k2``
+  (half squared log-ratio), ``k3`` (Schulman's unbiased, non-negative ``exp(-x) - 1 + x``).
+* :func:`aggregate`: how per-token losses become one number: ``token_mean`` (every token of the
+  batch weighs the same: DAPO), ``seq_mean_token_mean`` (each response weighs the same: the
+  original GRPO), ``seq_mean_token_sum_norm`` (token sums divided by a constant length: Dr. GRPO,
+  no length bias).
+* :func:`reinforce_pp_advantages`: REINFORCE++ (Hu 2025): per-token returns of the sequence reward
+  minus a per-token KL penalty, normalised over the *global* batch; with ``baseline=True`` the
+  group mean of the reward is subtracted first (REINFORCE++-baseline).
+* :func:`token_gae`: PPO's token-level GAE with a critic, one reward at the last token.
+* :func:`dynamic_sampling_mask` and :func:`overlong_penalty`: DAPO's filter of groups whose
+  rewards are all equal (no signal) and its soft penalty for responses near the length limit.
+* :func:`truncated_importance_weights`: asynchronous PPO trains on tokens a stale policy sampled;
+  the weight ``min(pi_old / pi_behaviour, cap)`` corrects for the gap (decoupled PPO).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rlweave.algorithms.advantages import gae, group_normalized_advantages, normalize
+
+__all__ = [
+    "KL_ESTIMATORS",
+    "kl_penalty",
+    "AGGREGATIONS",
+    "aggregate",
+    "reinforce_pp_advantages",
+    "token_gae",
+    "sequence_to_tokens",
+    "dynamic_sampling_mask",
+    "overlong_penalty",
+    "truncated_importance_weights",
+]
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+
+def kl_penalty(log_prob: Tensor, ref_log_prob: Tensor, kind: str = "k3") -> Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from log-probs of the sampled tokens (sampled from
+    pi). ``k1 = x``, ``k2 = x^2 / 2``, ``k3 = exp(-x) - 1 + x`` with ``x = log pi - log pi_ref``."""
+    x = log_prob - ref_log_prob
+    if kind == "k1":
+        return x
+    if kind == "k2":
+        return 0.5 * x.square()
+    if kind == "k3":
+        return torch.expm1(-x) + x
+    raise ValueError(f"algorithm.kl_estimator: {kind!r} is not one of {', '.join(KL_ESTIMATORS)}")
+
+
+def aggregate(x: Tensor, mask: Tensor, mode: str = "token_mean", max_len: int | None = None) -> Tensor:
+    """One scalar from per-token values ``x`` [B, L] over ``mask``; see the module docstring for
+    the modes. ``max_len`` is Dr. GRPO's constant (default: L)."""
+    m = mask.to(x.dtype)
+    x = torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    if mode == "token_mean":
+        return x.sum() / m.sum().clamp_min(1.0)
+    if mode == "seq_mean_token_mean":
+        per_seq = x.sum(-1) / m.sum(-1).clamp_min(1.0)
+        return per_seq.mean()
+    if mode == "seq_mean_token_sum_norm":
+        return (x.sum(-1) / float(max_len or x.shape[-1])).mean()
+    raise ValueError(f"algorithm.loss_agg: {mode!r} is not one of {', '.join(AGGREGATIONS)}")
+
+
+def sequence_to_tokens(values: Tensor, mask: Tensor) -> Tensor:
+    """A per-response value [B] on every real token of its response [B, L] (0 on padding)."""
+    return values.float()[:, None] * mask.float()
+
+
+def _last_token(mask: Tensor) -> Tensor:
+    """[B, L] one-hot of each response's last real token."""
+    lengths = mask.long().sum(-1)
+    idx = (lengths - 1).clamp(min=0)
+    out = torch.zeros_like(mask, dtype=torch.bool)
+    out[torch.arange(mask.shape[0], device=mask.device), idx] = lengths > 0
+    return out
+
+
+def reinforce_pp_advantages(scores: Tensor, mask: Tensor, kl: Tensor | None = None, kl_coef: float = 0.0,
+                            gamma: float = 1.0, baseline: bool = False, group_ids: Tensor | None = None) -> Tensor:
+    """REINFORCE++ token advantages [B, L].
+
+    Per-token reward: ``-kl_coef * kl`` on every token plus the sequence score on the last token;
+    the advantage of a token is the (``gamma``-discounted) sum of rewards from it to the end,
+    whitened over every real token of the global batch. ``baseline=True`` first subtracts each
+    group's mean score (needs ``group_ids``)."""
+    if baseline:
+        if group_ids is None:
+            raise ValueError("REINFORCE++-baseline needs group_ids (responses to the same prompt)")
+        scores = group_normalized_advantages(scores.float(), group_ids, scale=False)
+    m = mask.bool()
+    rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    if kl is not None and kl_coef:
+        rewards = rewards - kl_coef * torch.where(m, kl.float(), 0.0)
+    rewards = rewards + _last_token(mask) * scores.float()[:, None]
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros(mask.shape[0], dtype=torch.float32, device=mask.device)
+    for t in range(mask.shape[1] - 1, -1, -1):
+        running = rewards[:, t] + gamma * running
+        returns[:, t] = running
+    return normalize(returns, mask=mask)
+
+
+def token_gae(scores: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95,
+              kl: Tensor | None = None, kl_coef: float = 0.0) -> tuple[Tensor, Tensor]:
+    """PPO with a critic on tokens: the sequence score at the last real token (minus an optional
+    per-token KL penalty), GAE over the response, nothing after its end. Returns (advantages,
+    returns), both [B, L], 0 on padding."""
+    m = mask.to(torch.float32)
+    last = _last_token(mask)
+    rewards = last * scores.float()[:, None]
+    if kl is not None and kl_coef:
+        rewards = rewards - kl_coef * kl.float() * m
+    v = values.float() * m
+    # time-major for :func:`gae`; the response ends after its last token (done), padding is inert
+    adv, ret = gae(rewards.T, v.T, (last | ~mask.bool()).T.float(), torch.zeros(mask.shape[0]), gamma, lam)
+    return adv.T * m, ret.T * m
+
+
+def dynamic_sampling_mask(scores: Tensor, group_ids: Tensor) -> Tensor:
+    """DAPO's dynamic sampling: True for responses whose group has some spread in reward; groups
+    where every response scored the same carry no gradient under group-normalised advantages and
+    are dropped (the runner samples more prompts to refill the batch)."""
+    keep = torch.zeros_like(scores, dtype=torch.bool)
+    for g in torch.unique(group_ids):
+        sel = group_ids == g
+        keep[sel] = bool(scores[sel].max() > scores[sel].min())
+    return keep
+
+
+def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float = 1.0) -> Tensor:
+    """DAPO's soft overlong punishment [B]: 0 up to ``max_len - buffer`` tokens, then falling
+    linearly to ``-penalty`` at ``max_len`` (and beyond)."""
+    if not 0 < buffer <= max_len:
+        raise ValueError(f"algorithm.overlong_buffer: must be in (0, max_len={max_len}], got {buffer}")
+    over = (lengths.float() - (max_len - buffer)).clamp(min=0.0) / buffer
+    return -penalty * over.clamp(max=1.0)
+
+
+def truncated_importance_weights(old_log_prob: Tensor, behaviour_log_prob: Tensor, cap: float = 2.0) -> Tensor:
+    """``min(pi_old / pi_behaviour, cap)`` per token, detached: the correction asynchronous PPO
+    multiplies into the clipped surrogate when the tokens were sampled by an older rollout policy
+    than the one the update is anchored to (``cap`` bounds the variance)."""
+    if cap <= 0:
+        raise ValueError(f"algorithm.is_cap: must be > 0, got {cap}")
+    return torch.exp(old_log_prob - behaviour_log_prob).clamp(max=cap).detach()
