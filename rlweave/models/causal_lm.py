@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["require_transformers", "train_tokenizer", "build_causal_lm", "CausalLMPolicy", "token_logprobs",
-           "apply_lora", "merge_lora"]
+           "pack_sequences", "apply_lora", "merge_lora", "save_pretrained"]
 
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>")
 
@@ -100,11 +100,15 @@ class CausalLMPolicy(nn.Module):
             nn.init.zeros_(self.value_head.weight)
             nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool = True) -> dict[str, Tensor]:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool = True,
+                temperature: float = 1.0) -> dict[str, Tensor]:
+        """``temperature``: score under the sampling distribution the rollout used (logits / T)."""
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          output_hidden_states=self.value_head is not None, use_cache=False)
         logits = out.logits[:, :-1]
+        if temperature != 1.0:
+            logits = logits / temperature
         result = {"logprobs": token_logprobs(logits, input_ids[:, 1:])}
         if with_entropy:
             logp = torch.log_softmax(logits.float(), -1)
@@ -112,6 +116,24 @@ class CausalLMPolicy(nn.Module):
         if self.value_head is not None:
             result["values"] = self.value_head(out.hidden_states[-1][:, :-1]).squeeze(-1)
         return result
+
+
+def pack_sequences(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], pad_id: int
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+    """Prompt + response per row, left-padded to one width: ``(input_ids, attention_mask,
+    response_mask)``, all [B, W]. The log-prob of response token t is ``logprobs[:, t - 1]`` of
+    :class:`CausalLMPolicy`, i.e. ``logprobs[response_mask[:, 1:]]`` in order."""
+    rows = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    resp = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, (row, r) in enumerate(zip(rows, response_ids)):
+        ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+        attn[i, width - len(row):] = 1
+        if len(r):
+            resp[i, width - len(r):] = True
+    return ids, attn, resp
 
 
 def apply_lora(model: nn.Module, r: int = 8, alpha: int = 16, dropout: float = 0.0,

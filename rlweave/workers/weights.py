@@ -36,8 +36,11 @@ def pack_state(module: torch.nn.Module, version: int, bucket_bytes: int = 32 << 
     current: dict[str, list] = {}
     sizes: dict[str, int] = {}
     for name, tensor in module.state_dict().items():
-        arr = tensor.detach().cpu().numpy()
-        key = arr.dtype.str
+        if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: its bits travel as int16
+            arr, key = tensor.detach().cpu().view(torch.int16).numpy(), _BF16
+        else:
+            arr = tensor.detach().cpu().numpy()
+            key = arr.dtype.str
         if key in current and sizes[key] + arr.nbytes > bucket_bytes:
             buckets.append(_close(current.pop(key), key))
             sizes[key] = 0
@@ -48,8 +51,11 @@ def pack_state(module: torch.nn.Module, version: int, bucket_bytes: int = 32 << 
     return WeightPacket(version=version, checksum=flat_params_checksum(module), buckets=buckets)
 
 
+_BF16 = "bfloat16"
+
+
 def _close(items: list, dtype: str) -> WeightBucket:
-    data = np.concatenate([a.reshape(-1) for _, a in items]) if items else np.zeros(0, dtype=dtype)
+    data = np.concatenate([a.reshape(-1) for _, a in items]) if items else np.zeros(0, dtype=np.int16 if dtype == _BF16 else dtype)
     return WeightBucket([n for n, _ in items], [tuple(a.shape) for _, a in items], dtype, data)
 
 
@@ -59,7 +65,8 @@ def unpack_into(module: torch.nn.Module, buckets: list[WeightBucket]) -> None:
         offset = 0
         for name, shape in zip(b.names, b.shapes):
             size = int(np.prod(shape)) if shape else 1
-            state[name] = torch.from_numpy(b.data[offset : offset + size].reshape(shape).copy())
+            t = torch.from_numpy(b.data[offset : offset + size].reshape(shape).copy())
+            state[name] = t.view(torch.bfloat16) if b.dtype == _BF16 else t
             offset += size
     module.load_state_dict(state, strict=True)
 
