@@ -95,3 +95,25 @@ def test_truncated_importance_weights():
 
 def test_sequence_values_spread_on_real_tokens():
     assert sequence_to_tokens(torch.tensor([2, 3]), MASK).tolist() == [[2.0, 2.0, 2.0, 0.0], [3.0, 3.0, 0.0, 0.0]]
+
+
+def test_llm_policy_loss_aggregates_and_adds_kl_and_importance_weights():
+    from rlweave.algorithms.llm import llm_policy_loss
+
+    torch.manual_seed(0)
+    lp = torch.randn(2, 4, requires_grad=True)
+    old, ref, behav = lp.detach() - 0.1, lp.detach() + 0.2, lp.detach() - 0.3
+    adv = torch.tensor([[1.0, 1.0, 1.0, 1.0], [-1.0, -1.0, -1.0, -1.0]])
+    ratio = torch.exp(lp.detach() - old)
+    per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.28))
+    for agg in ("token_mean", "seq_mean_token_mean"):
+        out = llm_policy_loss(lp, old, adv, MASK, clip_eps=0.2, clip_eps_high=0.28, loss_agg=agg)
+        assert out["loss_policy"].item() == pytest.approx(aggregate(per_token, MASK, agg).item(), rel=1e-5)
+        assert "loss_kl" not in out
+    out = llm_policy_loss(lp, old, adv, MASK, ref_log_prob=ref, kl_coef=0.1, behaviour_log_prob=behav, is_cap=1.2)
+    w = torch.exp(old - behav).clamp(max=1.2)
+    assert out["loss_policy"].item() == pytest.approx(aggregate(per_token.clamp(max=1e9) * w, MASK).item(), rel=1e-5)
+    assert out["loss_kl"].item() == pytest.approx(0.1 * aggregate(kl_penalty(lp.detach(), ref), MASK).item(), rel=1e-5)
+    assert out["is_weight_mean"].item() == pytest.approx(w[MASK.bool()].mean().item(), rel=1e-5)
+    (out["loss_policy"] + out["loss_kl"]).backward()
+    assert lp.grad is not None and torch.all(lp.grad[~MASK.bool()] == 0)  # padding gets no gradient

@@ -40,6 +40,8 @@ __all__ = [
     "dynamic_sampling_mask",
     "overlong_penalty",
     "truncated_importance_weights",
+    "kl_loss",
+    "llm_policy_loss",
 ]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -156,3 +158,39 @@ def truncated_importance_weights(old_log_prob: Tensor, behaviour_log_prob: Tenso
     if cap <= 0:
         raise ValueError(f"algorithm.is_cap: must be > 0, got {cap}")
     return torch.exp(old_log_prob - behaviour_log_prob).clamp(max=cap).detach()
+
+
+def kl_loss(log_prob: Tensor, ref_log_prob: Tensor, mask: Tensor, coef: float, estimator: str = "k3",
+            loss_agg: str = "token_mean") -> dict[str, Tensor]:
+    """GRPO's KL term in the loss: ``loss_kl = coef * aggregate(kl)`` (differentiable through
+    ``log_prob``), and the detached mean ``kl``."""
+    kl = kl_penalty(log_prob, ref_log_prob.detach(), estimator)
+    return {"loss_kl": coef * aggregate(kl, mask, loss_agg), "kl": aggregate(kl.detach(), mask, "token_mean")}
+
+
+def llm_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tensor, *,
+                    clip_eps: float = 0.2, clip_eps_high: float | None = None, loss_agg: str = "token_mean",
+                    max_len: int | None = None, ref_log_prob: Tensor | None = None, kl_coef: float = 0.0,
+                    kl_estimator: str = "k3", behaviour_log_prob: Tensor | None = None, is_cap: float = 2.0,
+                    entropy: Tensor | None = None, ent_coef: float = 0.0, values: Tensor | None = None,
+                    old_values: Tensor | None = None, returns: Tensor | None = None, value_clip: float | None = None,
+                    vf_coef: float = 0.5) -> dict[str, Tensor]:
+    """The language-model update of every PPO-family algorithm on [B, L] token tensors: PPO's
+    clipped surrogate (clip-higher with ``clip_eps_high``) aggregated by ``loss_agg``, a KL loss
+    towards the reference model when ``kl_coef`` > 0 and ``ref_log_prob`` is given, truncated
+    importance weights when the tokens came from an older behaviour policy
+    (``behaviour_log_prob``: async PPO), and PPO's value loss when a critic's ``values`` are given.
+    GRPO, DAPO, REINFORCE++ and PPO differ in their advantages and settings, not here."""
+    from functools import partial
+
+    from rlweave.algorithms.losses import ppo_loss
+
+    weights = truncated_importance_weights(old_log_prob, behaviour_log_prob, is_cap) if behaviour_log_prob is not None else None
+    out = ppo_loss(log_prob, old_log_prob, advantages, entropy, values, old_values, returns, clip_eps=clip_eps,
+                   clip_eps_high=clip_eps_high, value_clip=value_clip, vf_coef=vf_coef, ent_coef=ent_coef, mask=mask,
+                   importance_weights=weights, reduce=partial(aggregate, mode=loss_agg, max_len=max_len))
+    if ref_log_prob is not None and kl_coef:
+        out.update(kl_loss(log_prob, ref_log_prob, mask, kl_coef, kl_estimator, loss_agg))
+    if weights is not None:
+        out["is_weight_mean"] = aggregate(weights, mask, "token_mean")
+    return out

@@ -13,6 +13,8 @@ over the valid elements only, so padding never moves the loss or the diagnostics
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
@@ -47,6 +49,8 @@ def ppo_policy_loss(
     clip_eps_high: float | None = None,
     dual_clip: float | None = None,
     mask: Tensor | None = None,
+    importance_weights: Tensor | None = None,
+    reduce: Callable[[Tensor, Tensor | None], Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """PPO clipped surrogate (Schulman et al. 2017), with clip-higher and dual clip.
 
@@ -60,6 +64,11 @@ def ppo_policy_loss(
     * ``dual_clip`` (Ye et al. 2020) caps the loss of negative-advantage elements at
       ``-dual_clip * A``: for A < 0 the plain surrogate is unbounded in the ratio, so one very
       stale sample with a huge ratio could dominate the batch. Must be > 1.
+    * ``importance_weights`` (detached, elementwise) multiply the per-element loss: asynchronous
+      PPO's correction for samples drawn by an older behaviour policy than ``old_log_prob``'s.
+    * ``reduce(loss, mask)`` turns per-element losses into the scalar (default: masked mean over
+      every valid element; language models choose per-token or per-sequence weighting, see
+      :func:`rlweave.algorithms.llm.aggregate`). Diagnostics are always masked means.
 
     Returns:
         ``loss_policy`` (differentiable), and detached diagnostics: ``clip_fraction`` (share of
@@ -85,8 +94,10 @@ def ppo_policy_loss(
         cap = -dual_clip * advantages
         capped = (advantages < 0) & (loss > cap)
         loss = torch.where(capped, cap, loss)
+    if importance_weights is not None:
+        loss = loss * importance_weights.detach()
 
-    out = {"loss_policy": masked_mean(loss, mask)}
+    out = {"loss_policy": (reduce or masked_mean)(loss, mask)}
     with torch.no_grad():
         out["clip_fraction"] = masked_mean((surr_clipped > surr_unclipped).to(loss.dtype), mask)
         out["approx_kl"] = masked_mean((ratio - 1.0) - log_ratio, mask)
@@ -154,6 +165,8 @@ def ppo_loss(
     vf_coef: float = 0.5,
     ent_coef: float = 0.0,
     mask: Tensor | None = None,
+    importance_weights: Tensor | None = None,
+    reduce: Callable[[Tensor, Tensor | None], Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """Full PPO objective: clipped policy loss + weighted value loss + entropy bonus.
 
@@ -172,6 +185,8 @@ def ppo_loss(
         clip_eps_high=clip_eps_high,
         dual_clip=dual_clip,
         mask=mask,
+        importance_weights=importance_weights,
+        reduce=reduce,
     )
     if entropy is not None:
         out.update(entropy_bonus(entropy, ent_coef, mask))
