@@ -30,21 +30,21 @@ sys.path.append(str(Path(__file__).resolve().parent))  # `rlweave bench` loads t
 import _common as C  # noqa: E402
 
 
-def tree_rss_mb(root: psutil.Process) -> tuple[float, int]:
-    """Summed RSS (MiB) and count of ``root`` and all its descendants."""
+def tree_rss(root: psutil.Process) -> dict[int, tuple[str, float]]:
+    """RSS (MiB) of ``root`` and every descendant: pid -> (name, MiB)."""
     procs = [root]
     try:
         procs += root.children(recursive=True)
     except psutil.NoSuchProcess:
-        return 0.0, 0
-    total, n = 0, 0
+        return {}
+    out = {}
     for p in procs:
         try:
-            total += p.memory_info().rss
-            n += 1
+            name = p.name()  # Ray names worker processes after their actor class (ray::_RayHost)
+            out[p.pid] = (name, p.memory_info().rss / 2**20)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
-    return total / 2**20, n
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,13 +67,18 @@ def main(argv: list[str] | None = None) -> int:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_ADDRESS": "local"})
     root = psutil.Process(proc.pid)
     samples: list[tuple[float, float, int]] = []  # (minutes, MiB, processes)
+    warm_by_pid: dict[int, tuple[str, float]] = {}
+    last_by_pid: dict[int, tuple[str, float]] = {}
     t0 = time.perf_counter()
     try:
         while (elapsed := (time.perf_counter() - t0) / 60) < args.minutes:
             if proc.poll() is not None:
                 raise RuntimeError(f"the run exited early with status {proc.returncode}; see {log.name}")
-            mb, n = tree_rss_mb(root)
-            samples.append((elapsed, mb, n))
+            by_pid = tree_rss(root)
+            samples.append((elapsed, sum(mb for _, mb in by_pid.values()), len(by_pid)))
+            if not warm_by_pid and elapsed >= args.warmup:
+                warm_by_pid = by_pid
+            last_by_pid = by_pid
             time.sleep(args.interval)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -93,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         lines = metrics.read_text().splitlines()
         steps = int(__import__("json").loads(lines[-1])["env_steps"]) if lines else None
     passed = ratio <= args.limit and rc == 0
+    growth = sorted(((last_by_pid[p][1] - warm_by_pid[p][1], last_by_pid[p][0], p) for p in warm_by_pid if p in last_by_pid),
+                    reverse=True)
+    for mb, name, pid in growth[:3]:
+        print(f"  grew most: {name} (pid {pid}): {mb:+.1f} MiB between warm-up and the end")
     print(f"RSS after warm-up {warm_mb:.0f} MiB, at the end {end_mb:.0f} MiB: ratio {ratio:.3f} (limit {args.limit}); "
           f"peak {max(mb for _, mb, _ in samples):.0f} MiB; {samples[-1][2]} processes; {steps} env steps; "
           f"SIGTERM exit status {rc}; {'PASS' if passed else 'FAIL'}")
@@ -100,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "soak", "recipe": args.recipe, "minutes": args.minutes, "ratio": ratio, "warm_mb": warm_mb,
         "end_mb": end_mb, "peak_mb": max(mb for _, mb, _ in samples), "limit": args.limit, "passed": passed,
         "exit_status_after_sigterm": rc, "env_steps": steps, "overrides": args.overrides,
+        "growth_by_process_mb": [{"process": name, "pid": pid, "mb": round(mb, 1)} for mb, name, pid in growth],
         "samples": [{"minute": round(m, 3), "rss_mb": round(mb, 1), "processes": n} for m, mb, n in samples],
         "environment": C.environment_info(),
     })

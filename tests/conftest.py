@@ -22,3 +22,19 @@ _pp = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 os.environ["PYTHONPATH"] = os.pathsep.join([REPO_ROOT, TESTS_DIR] + [p for p in _pp if p not in (REPO_ROOT, TESTS_DIR)])
 # Nothing outside this machine is reachable: keep Ray from trying to report usage.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """A fresh local Ray for one test module (``address="local"``: never a cluster someone left
+    running); modules that need a worker set-up hook define their own."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 
 from helpers import QUIET, read_metrics, run_cli
 from rlweave.cli import _runner_class
@@ -24,15 +23,6 @@ _VOLATILE = ("time/", "perf/", "mem/", "plan/")
 
 def _stable(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "wall_time" and not k.startswith(_VOLATILE)} for r in rows]
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def _run(recipe: str, overrides: list[str], run_dir: Path, on_iteration=None):

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import ray
 
 from rlweave.cluster import Slot
 from rlweave.config import load_config
@@ -96,15 +95,6 @@ def test_planner_profiles_then_picks_the_fastest_prediction():
 
 
 # --------------------------------------------------------------------------- real runs
-@pytest.fixture(scope="module")
-def ray_session():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def run(tmp_path: Path, name: str, *overrides: str, on_iteration=None) -> tuple[OnPolicyRunner, list[dict]]:
     run_dir = tmp_path / name
     cfg = load_config("ppo-cartpole", ["env.num_envs=4", "train.rollout_steps=32", "train.eval_every=0",

@@ -330,15 +330,6 @@ def test_registry_knows_the_off_policy_algorithms():
 
 
 # --------------------------------------------------------------------------- runner end to end
-@pytest.fixture(scope="module")
-def ray_session():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 SMALL = ["policy.hidden=[32,32]", "critic.hidden=[32,32]", "algorithm.batch_size=32", "algorithm.learning_starts=150",
          "train.rollout_steps=50", "train.total_env_steps=400", "train.eval_every=4", "train.eval_episodes=2",
          "env.num_envs=2", *QUIET]
