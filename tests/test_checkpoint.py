@@ -29,7 +29,7 @@ def test_manifest_names_every_file_with_size_and_hash(tmp_path):
     assert manifest["iteration"] == 3 and manifest["score"] == -1.5
     assert sorted(manifest["files"]) == ["actor.pt", "runner.pt"]
     assert manifest["files"]["actor.pt"]["size"] == (path / "actor.pt").stat().st_size
-    verify_checkpoint(path)
+    assert verify_checkpoint(path) is True
     assert load_checkpoint(path)["runner"] == {"iteration": 3}
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]  # no temporary folders left
 
@@ -59,11 +59,19 @@ def test_same_size_corruption_and_missing_parts_are_detected(tmp_path):
     (other / "actor.pt").unlink()
     with pytest.raises(CheckpointError, match="actor.pt is missing"):
         verify_checkpoint(other)
-    third = _save(tmp_path, 3)
-    (third / "manifest.json").unlink()
-    with pytest.raises(CheckpointError, match="no manifest.json"):
-        verify_checkpoint(third)
     assert latest_checkpoint(tmp_path) is None
+    empty = tmp_path / "checkpoints" / "iter_00000003"
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match="no parts and no manifest.json"):
+        verify_checkpoint(empty)
+
+
+def test_checkpoints_from_before_manifests_are_accepted_unverified(tmp_path):
+    path = _save(tmp_path, 5)
+    (path / "manifest.json").unlink()  # as an older rlweave wrote them
+    assert verify_checkpoint(path) is False
+    assert latest_checkpoint(tmp_path) == path
+    assert load_checkpoint(path)["runner"] == {"iteration": 5}
 
 
 def test_retention_keeps_the_newest_and_optionally_the_best(tmp_path):

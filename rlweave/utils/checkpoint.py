@@ -132,20 +132,28 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return sorted(found, key=_iteration_of)
 
 
-def _manifest(path: Path) -> dict:
+def _manifest(path: Path) -> dict | None:
+    """The manifest, or None for a checkpoint written before manifests existed (a folder under a
+    final name is complete by construction, so a missing manifest means an older writer)."""
     try:
         return json.loads((path / MANIFEST).read_text())
     except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {path}: no {MANIFEST} (partial, or written by something else)") from None
+        return None
     except (OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {path}: unreadable {MANIFEST} ({e})") from None
 
 
-def verify_checkpoint(path: str | Path) -> None:
-    """Raises :class:`CheckpointError` naming the first file whose presence, size or SHA-256
-    differs from the manifest."""
+def verify_checkpoint(path: str | Path) -> bool:
+    """True when every file matches the manifest; False for a checkpoint without a manifest
+    (an older rlweave's: accepted, unverified). Raises :class:`CheckpointError` naming the first
+    file whose presence, size or SHA-256 differs from the manifest."""
     path = Path(path)
-    files = _manifest(path).get("files", {})
+    manifest = _manifest(path)
+    if manifest is None:
+        if not any(path.glob("*.pt")):
+            raise CheckpointError(f"checkpoint {path}: no parts and no {MANIFEST}")
+        return False
+    files = manifest.get("files", {})
     if not files:
         raise CheckpointError(f"checkpoint {path}: the manifest lists no files")
     for name, meta in files.items():
@@ -157,12 +165,13 @@ def verify_checkpoint(path: str | Path) -> None:
             raise CheckpointError(f"checkpoint {path}: {name} has {size} bytes, the manifest says {meta['size']}")
         if _sha256(f) != meta["sha256"]:
             raise CheckpointError(f"checkpoint {path}: {name} does not match its SHA-256 in the manifest")
+    return True
 
 
 def checkpoint_score(path: str | Path) -> float | None:
     """The score recorded with a checkpoint (None if none, or if the manifest is unreadable)."""
     try:
-        return _manifest(Path(path)).get("score")
+        return (_manifest(Path(path)) or {}).get("score")
     except CheckpointError:
         return None
 
