@@ -16,6 +16,7 @@ BC converges in a few thousand updates, so ``--bc-updates`` may be smaller than 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -23,6 +24,17 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parent))  # `rlweave bench` loads this file by path
 import _common as C  # noqa: E402
 from learning import run_seed  # noqa: E402
+
+
+def _read_run(run_dir: Path) -> dict:
+    """A finished run's evaluations, as :func:`learning.run_seed` reports them."""
+    from omegaconf import OmegaConf
+
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [(r["env_steps"], r["eval/episode_return"]) for r in rows if r.get("eval/episode_return") is not None]
+    budget = int(OmegaConf.load(run_dir / "config.yaml").train.total_updates)
+    return {"seed": run_dir.name, "run_dir": str(run_dir), "wall_s": rows[-1]["wall_time"], "env_steps": 0,
+            "updates": rows[-1].get("train/updates"), "budget": budget, "final_eval_return": evals[-1][1], "evals": evals}
 
 
 def _summary(runs: list[dict]) -> dict:
@@ -41,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bc-updates", type=int, default=None, help="gradient updates per BC run (default: --updates)")
     p.add_argument("--keep", default=None, help="folder to keep the runs in (default: a temporary folder)")
     p.add_argument("--json", default=None)
+    p.add_argument("--summarize", nargs=2, metavar=("IQL_DIR", "BC_DIR"), default=None,
+                   help="train nothing: summarise kept runs (folders of seed*/ run folders) instead")
     p.add_argument("overrides", nargs="*", help="config overrides for every run (key=value)")
     args = p.parse_args(argv)
 
@@ -53,12 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.recipe, [f"replay.offline_dataset={args.dataset}", *args.overrides])
     obs_space, act_space = space_info(cfg.env.id, cfg.env.pixels, OmegaConf.to_container(cfg.env.kwargs))
     _, stats = load_transitions(args.dataset, obs_space, act_space, cfg.algorithm.gamma)
+    plan = "kept runs" if args.summarize else f"IQL {args.updates} updates, BC {args.bc_updates or args.updates}; seeds {args.seeds}"
     print(f"offline: {args.recipe} on {args.dataset} ({stats['episodes']} episodes, {stats['steps']} steps, "
-          f"return {stats['return_mean']:.1f} +- {stats['return_std']:.1f}); IQL {args.updates} updates, "
-          f"BC {args.bc_updates or args.updates}; seeds {args.seeds}")
+          f"return {stats['return_mean']:.1f} +- {stats['return_std']:.1f}); {plan}")
     updates = {"iql": args.updates, "offline_bc": args.bc_updates or args.updates}
     results: dict[str, list[dict]] = {}
-    for algo in ("iql", "offline_bc"):
+    if args.summarize:
+        for algo, folder in zip(("iql", "offline_bc"), args.summarize):
+            runs = [_read_run(d) for d in sorted(Path(folder).glob("seed*")) if (d / "metrics.jsonl").is_file()]
+            results[algo] = [r for r in runs if r["updates"] == r["budget"]]
+            for r in runs:
+                done = "" if r["updates"] == r["budget"] else f" of {r['budget']}: unfinished, left out"
+                print(f"  {algo} {Path(r['run_dir']).name}: final eval return {r['final_eval_return']:.1f} after "
+                      f"{r['updates']} updates{done}")
+    for algo in ("iql", "offline_bc") if not args.summarize else ():
         results[algo] = []
         for seed in args.seeds:
             keep = str(Path(args.keep) / algo) if args.keep else None
@@ -73,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
           f"dataset {data_mean:.1f}; IQL/dataset {iql['final_mean'] / data_mean:.2f}, IQL/BC {iql['final_mean'] / bc['final_mean']:.2f}; "
           f"{'IQL above both' if passed else 'IQL NOT above both'}")
     out = {"benchmark": "offline", "recipe": args.recipe, "dataset": str(args.dataset), "dataset_stats": stats,
-           "updates": args.updates, "bc_updates": args.bc_updates or args.updates, "seeds": args.seeds, "iql": iql, "bc": bc,
+           "updates": {a: sorted({r["updates"] for r in results[a]}) for a in results} if args.summarize else args.updates,
+           "bc_updates": None if args.summarize else args.bc_updates or args.updates,
+           "seeds": [r["seed"] for r in results["iql"]] if args.summarize else args.seeds, "iql": iql, "bc": bc,
            "ratio_iql_to_dataset": iql["final_mean"] / data_mean, "ratio_iql_to_bc": iql["final_mean"] / bc["final_mean"],
            "passed": passed, "runs": results, "overrides": args.overrides, "environment": C.environment_info()}
     if args.json:
