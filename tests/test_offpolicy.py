@@ -645,3 +645,20 @@ def test_imitation_needs_a_usable_expert(capsys, tmp_path, no_cluster_start):
     assert rc == 2 and "imitation.expert: dagger needs an expert" in capsys.readouterr().err
     rc = main(["train", "bc-pendulum", "imitation.expert=nosuchmodule:f", f"run.dir={tmp_path / 'r'}", *QUIET])
     assert rc == 2 and "imitation.expert: cannot import 'nosuchmodule:f'" in capsys.readouterr().err
+
+
+def test_state_independent_std_is_one_free_parameter_per_action_dim():
+    torch.manual_seed(0)
+    actor = SquashedGaussianPolicy(3, BOX, hidden=(8,), state_dependent_std=False)
+    assert actor.head.out_features == 2 and actor.log_std.shape == (2,)
+    obs, act = torch.randn(5, 3), torch.rand(5, 2) * 4 - 2
+    with torch.no_grad():
+        actor.log_std.fill_(-1.0)
+    lp = actor.mean_log_prob(obs, act)
+    mean = torch.tanh(actor.head(actor.body(obs)))
+    expected = torch.distributions.Normal(mean, math.exp(-1.0)).log_prob(act / 2.0).sum(-1)
+    assert torch.allclose(lp, expected, atol=1e-5)
+    lp.sum().backward()
+    assert actor.log_std.grad is not None and actor.log_std.grad.abs().sum() > 0
+    a, _ = actor.sample(obs)
+    assert a.shape == (5, 2) and (a.abs() <= 2).all()

@@ -96,6 +96,7 @@ class PolicyConfig:
     normalize_obs: bool = False
     log_std_init: float = 0.0
     ortho_init: bool = True
+    state_dependent_std: bool = True  # squashed_mlp: log-stds from the network, or one free parameter per action dim
 
 
 @dataclass

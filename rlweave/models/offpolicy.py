@@ -49,6 +49,7 @@ class SquashedGaussianPolicy(nn.Module):
         activation: str = "relu",
         chunk: int = 1,
         log_std_bounds: tuple[float, float] = (-20.0, 2.0),
+        state_dependent_std: bool = True,
     ):
         super().__init__()
         if not isinstance(action_space, gym.spaces.Box):
@@ -62,12 +63,21 @@ class SquashedGaussianPolicy(nn.Module):
         hidden = tuple(int(h) for h in hidden)
         self.body = _mlp_body(int(obs_dim), hidden, _activation(activation), ortho=False)
         feat = hidden[-1] if hidden else int(obs_dim)
-        self.head = nn.Linear(feat, 2 * self.head_dim)  # means, then log-stds: one matmul for both
+        # means, then log-stds: one matmul for both; or means only, with one free log-std per
+        # action dimension (IQL's policy: the likelihood cannot shrink the spread state by state)
+        self.head = nn.Linear(feat, (2 if state_dependent_std else 1) * self.head_dim)
+        self.log_std = None if state_dependent_std else nn.Parameter(torch.zeros(self.head_dim))
         self.log_std_min, self.log_std_max = (float(b) for b in log_std_bounds)
         low = np.tile(np.asarray(action_space.low, dtype=np.float32).reshape(-1), self.chunk)
         high = np.tile(np.asarray(action_space.high, dtype=np.float32).reshape(-1), self.chunk)
         self.register_buffer("action_scale", torch.from_numpy((high - low) / 2.0))
         self.register_buffer("action_bias", torch.from_numpy((high + low) / 2.0))
+
+    def _mean_log_std(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        out = self.head(self.body(obs.to(self.head.weight.dtype)))
+        if self.log_std is None:
+            return out.chunk(2, dim=-1)
+        return out, self.log_std.expand_as(out)
 
     def mean_log_prob(self, obs: Tensor, action: Tensor, log_std_min: float = -5.0) -> Tensor:
         """Log-density [B] of ``action`` (env units) under a Gaussian centred on the *squashed*
@@ -75,7 +85,7 @@ class SquashedGaussianPolicy(nn.Module):
         ``log_std_min``: IQL's policy extraction. Unlike the squashed density it is finite for
         dataset actions on the bounds (a clipped behaviour policy puts many there), and its mode
         is the deterministic action this policy takes (``tanh(mean)``)."""
-        mean, log_std = self.head(self.body(obs.to(self.head.weight.dtype))).chunk(2, dim=-1)
+        mean, log_std = self._mean_log_std(obs)
         log_std = log_std.clamp(max(self.log_std_min, log_std_min), self.log_std_max)
         unit = (action.reshape(action.shape[0], -1).to(mean.dtype) - self.action_bias) / self.action_scale
         z = (unit - torch.tanh(mean)) * torch.exp(-log_std)
@@ -84,7 +94,7 @@ class SquashedGaussianPolicy(nn.Module):
     def sample(self, obs: Tensor, noise: Tensor | None = None, deterministic: bool = False) -> tuple[Tensor, Tensor]:
         """Action in the env's bounds [B, head_dim] and its log-prob [B] (of the squashed action
         in [-1, 1]); differentiable with respect to the parameters."""
-        mean, log_std = self.head(self.body(obs.to(self.head.weight.dtype))).chunk(2, dim=-1)
+        mean, log_std = self._mean_log_std(obs)
         log_std = log_std.clamp(self.log_std_min, self.log_std_max)
         if deterministic:
             u = mean

@@ -116,7 +116,7 @@ def policy_kwargs(cfg: DictConfig) -> dict:
     spec = get_algorithm(cfg.algorithm.name)
     kwargs: dict = {"name": name, "critic": spec.uses_critic and spec.kind == "on_policy"}
     if name == "squashed_mlp":
-        kwargs.update(hidden=tuple(p["hidden"]), activation=p["activation"])
+        kwargs.update(hidden=tuple(p["hidden"]), activation=p["activation"], state_dependent_std=p["state_dependent_std"])
     elif name == "mlp":
         kwargs.update(hidden=tuple(p["hidden"]), activation=p["activation"], normalize_obs=p["normalize_obs"],
                       log_std_init=p["log_std_init"], ortho_init=p["ortho_init"])
