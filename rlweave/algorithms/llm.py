@@ -24,10 +24,13 @@ reward) are ``[B]``; ``group_ids`` ``[B]`` say which responses answer the same p
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import Tensor
 
 from rlweave.algorithms.advantages import gae, group_normalized_advantages, normalize
+from rlweave.algorithms.losses import ppo_loss
 
 __all__ = [
     "KL_ESTIMATORS",
@@ -181,10 +184,6 @@ def llm_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, 
     importance weights when the tokens came from an older behaviour policy
     (``behaviour_log_prob``: async PPO), and PPO's value loss when a critic's ``values`` are given.
     GRPO, DAPO, REINFORCE++ and PPO differ in their advantages and settings, not here."""
-    from functools import partial
-
-    from rlweave.algorithms.losses import ppo_loss
-
     weights = truncated_importance_weights(old_log_prob, behaviour_log_prob, is_cap) if behaviour_log_prob is not None else None
     out = ppo_loss(log_prob, old_log_prob, advantages, entropy, values, old_values, returns, clip_eps=clip_eps,
                    clip_eps_high=clip_eps_high, value_clip=value_clip, vf_coef=vf_coef, ent_coef=ent_coef, mask=mask,

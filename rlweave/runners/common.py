@@ -184,7 +184,7 @@ class RunnerBase:
         self.channels: list = []
         self.cluster: Cluster | None = None
         self._last_packet = None
-        self._score: float | None = None  # the latest evaluation return: the checkpoints' score
+        self._score: float | None = None  # this iteration's evaluation return, if any: its checkpoint's score
         self._stop_reason: str | None = None  # set by a signal or request_stop(): stop at the next boundary
         self._initial: dict | None = None  # the run's state at its start: where a restart without checkpoint begins
         self.restarts = 0
@@ -201,7 +201,11 @@ class RunnerBase:
         raise NotImplementedError
 
     def _save(self) -> None:
-        self._write_checkpoint(self._parts())
+        """Saves this iteration's checkpoint, scored by this iteration's evaluation return, if it
+        had one (``train.keep_best`` keeps the best-scored one beside the newest ``train.keep_checkpoints``)."""
+        t = self.cfg.train
+        save_checkpoint(self.run_dir, self.iteration, self._parts(), keep=t.keep_checkpoints, score=self._score,
+                        keep_best=t.keep_best)
 
     def _restore_parts(self, state: dict) -> None:
         raise NotImplementedError
@@ -246,12 +250,6 @@ class RunnerBase:
         """The driver's counters and random states, for the checkpoint's ``runner`` part."""
         return {"iteration": self.iteration, "env_steps": self.env_steps, "wall_time": self._wall(),
                 "numpy": np.random.get_state(), "python": random.getstate(), "torch": torch.get_rng_state()}
-
-    def _write_checkpoint(self, parts: dict) -> None:
-        """Saves ``parts`` as this iteration's checkpoint, scored by the latest evaluation return
-        (``train.keep_best`` keeps the best-scored one beside the newest ``train.keep_checkpoints``)."""
-        t = self.cfg.train
-        save_checkpoint(self.run_dir, self.iteration, parts, keep=t.keep_checkpoints, score=self._score, keep_best=t.keep_best)
 
     def _restore(self) -> None:
         def skip(path, reason: str) -> None:
