@@ -14,6 +14,7 @@ import numpy as np
 RUNNERS = {
     "onpolicy": "rlweave.runners.onpolicy:OnPolicyRunner",
     "offpolicy": "rlweave.runners.offpolicy:OffPolicyRunner",
+    "llm": "rlweave.runners.llm:LLMRunner",
 }
 
 
@@ -96,7 +97,8 @@ def _execute(runner) -> int:
     except KeyboardInterrupt:
         print("rlweave: interrupted", file=sys.stderr)
         return 130
-    summary = {k: v for k, v in last.items() if k in ("iteration", "env_steps", "train/episode_return", "eval/episode_return")}
+    summary = {k: v for k, v in last.items() if k in ("iteration", "env_steps", "train/episode_return", "eval/episode_return",
+                                                         "train/reward", "eval/accuracy")}
     print(f"[rlweave] done: {json.dumps(summary)}")
     return 0
 

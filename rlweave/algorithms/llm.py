@@ -45,6 +45,8 @@ __all__ = [
     "truncated_importance_weights",
     "kl_loss",
     "llm_policy_loss",
+    "sft_loss",
+    "token_advantages",
 ]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -193,3 +195,30 @@ def llm_policy_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, 
     if weights is not None:
         out["is_weight_mean"] = aggregate(weights, mask, "token_mean")
     return out
+
+
+def sft_loss(log_prob: Tensor, mask: Tensor, loss_agg: str = "token_mean", max_len: int | None = None) -> dict[str, Tensor]:
+    """Supervised fine-tuning: the negative log-likelihood of the target (response) tokens,
+    aggregated by ``loss_agg`` (``token_mean``: every target token weighs the same)."""
+    return {"loss_sft": -aggregate(log_prob, mask, loss_agg, max_len)}
+
+
+def token_advantages(estimator: str, scores: Tensor, mask: Tensor, group_ids: Tensor, *, values: Tensor | None = None,
+                     kl: Tensor | None = None, kl_coef: float = 0.0, gamma: float = 1.0, lam: float = 0.95,
+                     norm: bool = True) -> tuple[Tensor, Tensor | None]:
+    """Per-token advantages [B, L] (and returns, for a critic) of a language-model batch by the
+    registry's estimator name: ``grpo`` (the response's score against its group's), ``gae``
+    (token-level GAE on a value head), ``reinforce_pp`` / ``reinforce_pp_baseline`` (discounted
+    reward-to-go, whitened over the global batch). ``kl``/``kl_coef``: a per-token KL penalty in
+    the reward (``algorithm.kl_mode=reward``); GRPO takes KL as a loss instead."""
+    if estimator == "grpo":
+        return sequence_to_tokens(group_normalized_advantages(scores.float(), group_ids, scale=norm), mask), None
+    if estimator == "gae":
+        if values is None:
+            raise ValueError("token-level GAE needs the critic's values")
+        adv, ret = token_gae(scores, values, mask, gamma, lam, kl, kl_coef)
+        return (normalize(adv, mask=mask) * mask if norm else adv), ret
+    if estimator in ("reinforce_pp", "reinforce_pp_baseline"):
+        return reinforce_pp_advantages(scores, mask, kl, kl_coef, gamma, baseline=estimator.endswith("baseline"),
+                                       group_ids=group_ids) * mask, None
+    raise ValueError(f"algorithm: no token-level advantage estimator {estimator!r}")

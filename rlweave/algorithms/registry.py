@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from rlweave.algorithms.advantages import gae, group_normalized_advantages
 from rlweave.algorithms.losses import ppo_loss
 from rlweave.algorithms.imitation import bc_loss
+from rlweave.algorithms.llm import llm_policy_loss, reinforce_pp_advantages, sft_loss
 from rlweave.algorithms.offpolicy import crossq_loss, iql_loss, rlpd_loss, sac_loss
 
 __all__ = [
@@ -41,12 +42,17 @@ __all__ = [
 ]
 
 ALGORITHM_KINDS = ("on_policy", "off_policy", "imitation", "offline")
+# the runner an algorithm of each kind runs with, unless its spec names others
+DEFAULT_RUNNERS = {"on_policy": ("onpolicy",), "off_policy": ("offpolicy",), "imitation": ("offpolicy",),
+                   "offline": ("offpolicy",)}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Any]] = {
     "gae": gae,
     "grpo": group_normalized_advantages,
+    "reinforce_pp": reinforce_pp_advantages,
+    "reinforce_pp_baseline": reinforce_pp_advantages,  # with baseline=True
 }
 
 POLICY_LOSSES: dict[str, Callable[..., Any]] = {
@@ -56,6 +62,8 @@ POLICY_LOSSES: dict[str, Callable[..., Any]] = {
     "rlpd": rlpd_loss,
     "bc": bc_loss,
     "iql": iql_loss,
+    "llm_ppo": llm_policy_loss,
+    "sft": sft_loss,
 }
 
 
@@ -89,6 +97,11 @@ class AlgorithmSpec:
             probability beta, decaying; every state labelled: DAgger), ``"gated"`` (the learner
             acts; a gate hands control to the expert, and only those states are labelled:
             HG-DAgger).
+        runners: the runners it runs with (``onpolicy``, ``offpolicy``, ``llm``); default: the
+            one of its kind. GRPO and PPO run on embodied episodes and on language models alike.
+        asynchronous: generation of the next batch overlaps the update of this one (async PPO):
+            tokens may come from a policy up to ``train.max_staleness`` versions old, and the
+            update corrects for it with importance weights against the behaviour log-probs.
     """
 
     name: str
@@ -102,12 +115,16 @@ class AlgorithmSpec:
     value_network: bool = False
     needs_dataset: bool = False
     labelling: str | None = None
+    runners: tuple[str, ...] = ()
+    asynchronous: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ALGORITHM_KINDS:
             raise ValueError(
                 f"algorithm {self.name!r}: kind must be one of {', '.join(ALGORITHM_KINDS)}; got {self.kind!r}"
             )
+        if not self.runners:
+            object.__setattr__(self, "runners", DEFAULT_RUNNERS[self.kind])
 
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {}
@@ -185,7 +202,8 @@ register_algorithm(
         loss="ppo",
         uses_critic=True,
         episodic_groups=False,
-        description="PPO: GAE advantages, clipped surrogate, learned critic",
+        description="PPO: GAE advantages, clipped surrogate, learned critic (token-level GAE on language models)",
+        runners=("onpolicy", "llm"),
     )
 )
 register_algorithm(
@@ -196,7 +214,8 @@ register_algorithm(
         loss="ppo",
         uses_critic=False,
         episodic_groups=True,
-        description="GRPO: critic-free, episode scores normalised within groups sharing a reset seed",
+        description="GRPO: critic-free, scores normalised within groups sharing a reset seed or a prompt",
+        runners=("onpolicy", "llm"),
     )
 )
 for _name, _target, _dataset, _desc in (
@@ -226,4 +245,25 @@ register_algorithm(
     AlgorithmSpec(name="offline_bc", kind="offline", advantage=None, loss="bc", uses_critic=False, episodic_groups=False,
                   description="behaviour cloning on a dataset: the actor regresses the dataset's actions (offline)",
                   needs_dataset=True)
+)
+
+# language models only (runner=llm); how they differ is data: estimator, loss and the recipe's settings
+for _name, _adv, _critic, _async, _desc in (
+    ("dapo", "grpo", False, False,
+     "DAPO: GRPO with clip-higher, dynamic sampling of informative groups, token-level loss, overlong penalty"),
+    ("reinforce_pp", "reinforce_pp", False, False,
+     "REINFORCE++: reward-to-go with a per-token KL penalty, whitened over the global batch; no critic, no groups"),
+    ("reinforce_pp_baseline", "reinforce_pp_baseline", False, False,
+     "REINFORCE++ with baseline: each score minus its prompt group's mean, then global whitening"),
+    ("async_ppo", "grpo", False, True,
+     "asynchronous PPO: generation overlaps training within a staleness bound, importance-corrected against the behaviour policy"),
+):
+    register_algorithm(
+        AlgorithmSpec(name=_name, kind="on_policy", advantage=_adv, loss="llm_ppo", uses_critic=_critic,
+                      episodic_groups=True, description=_desc, runners=("llm",), asynchronous=_async)
+    )
+register_algorithm(
+    AlgorithmSpec(name="sft", kind="offline", advantage=None, loss="sft", uses_critic=False, episodic_groups=False,
+                  description="supervised fine-tuning of a language model on prompt-response data (full or LoRA)",
+                  needs_dataset=True, runners=("llm",))
 )

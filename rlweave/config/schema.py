@@ -74,6 +74,12 @@ class EnvConfig:
 class RolloutConfig:
     num_workers: int = positive(1)
     micro_batches: int = positive(1)  # pipeline depth k: each env worker's envs split into k slices
+    # language models (runner=llm): the generation backend and its sampling settings
+    backend: str = choice("hf", "hf", "vllm")
+    prompts_per_iteration: int = positive(32)  # each sampled algorithm.group_size times
+    max_new_tokens: int = positive(16)
+    temperature: float = field(default=1.0, metadata={"min": 1e-6})
+    top_p: float = field(default=1.0, metadata={"min": 1e-6, "max": 1})
 
 
 @dataclass
@@ -135,6 +141,16 @@ class AlgorithmConfig:
     # the actor's learning rate: constant, or cosine-decayed to 0 over the run's gradient updates
     # (IQL's reference setting: the policy extracted at the end is not a mid-step snapshot)
     actor_lr_schedule: str = choice("constant", "constant", "cosine")
+    # language models (runner=llm)
+    kl_coef: float = non_negative(0.0)  # towards the reference (initial) model; 0 = no reference model
+    kl_estimator: str = choice("k3", "k1", "k2", "k3")
+    kl_mode: str = choice("loss", "loss", "reward")  # a KL loss term (GRPO) or a per-token reward penalty (PPO, REINFORCE++)
+    loss_agg: str = choice("token_mean", "token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+    dynamic_sampling: bool = False  # DAPO: drop groups whose responses all scored the same, sample more prompts
+    max_sampling_rounds: int = positive(4)  # dynamic sampling: generation rounds per iteration at most
+    overlong_buffer: int = non_negative(0)  # DAPO: the last this many of rollout.max_new_tokens are penalised; 0 = off
+    overlong_penalty: float = non_negative(1.0)
+    is_cap: float = field(default=2.0, metadata={"min": 1e-6})  # async PPO: truncation of the importance weights
     # IQL: expectile of the value regression, inverse temperature (beta) of the advantage weights
     # and their clip
     expectile: float = field(default=0.7, metadata={"min": 0.5, "max": 1})
@@ -176,6 +192,69 @@ class ImitationConfig:
 
 
 @dataclass
+class ModelConfig:
+    """A causal language model (runner=llm): a local Hugging Face folder, or an architecture built
+    from these fields with random weights (nothing is downloaded)."""
+
+    path: Optional[str] = None  # a local folder with config.json and weights (from_pretrained)
+    arch: str = choice("qwen3", "qwen2", "qwen3", "llama")
+    hidden_size: int = positive(128)
+    num_layers: int = positive(4)
+    num_heads: int = positive(4)
+    num_kv_heads: int = positive(2)
+    intermediate_size: int = positive(256)
+    max_positions: int = positive(128)
+    tokenizer: Optional[str] = None  # a local tokenizer folder; default: path's, else one trained on the task's text
+    vocab_size: int = positive(320)  # of a tokenizer trained here
+    dtype: str = choice("float32", "float32", "bfloat16")
+    lora_rank: int = non_negative(0)  # 0 = full fine-tuning; > 0: LoRA adapters (peft) only
+    lora_alpha: int = positive(16)
+
+
+@dataclass
+class TaskConfig:
+    """Prompts with verifiable answers (runner=llm)."""
+
+    name: str = choice("arithmetic", "arithmetic", "jsonl_qa")
+    ops: List[str] = field(default_factory=lambda: ["+"])  # arithmetic
+    min_digits: int = positive(1)
+    max_digits: int = positive(2)
+    test_fraction: float = field(default=0.1, metadata={"min": 0, "max": 1})
+    train_file: Optional[str] = None  # jsonl_qa: {question, answer} per line
+    test_file: Optional[str] = None
+    question_key: str = "question"
+    answer_key: str = "answer"
+    template: Optional[str] = None  # prompt text; {a} {op} {b} (arithmetic) or {question} (jsonl_qa)
+    reward_fn: Optional[str] = None  # module:function (prompt, response) -> float; default: the answer checker
+    reward_timeout_s: float = field(default=10.0, metadata={"min": 1e-3})
+    reward_on_error: str = choice("zero", "zero", "raise")
+    max_prompt_tokens: int = positive(256)
+    prompt_overflow: str = choice("drop", "drop", "truncate")  # prompts longer than max_prompt_tokens
+    eval_prompts: int = positive(200)  # held-out prompts per evaluation (greedy)
+
+
+@dataclass
+class DataConfig:
+    """Supervised fine-tuning data (algorithm.name=sft)."""
+
+    path: Optional[str] = None  # JSONL of {prompt, response} or {messages: [{role, content}, ...]}; None = the task's train split with gold answers
+    prompt_key: str = "prompt"
+    response_key: str = "response"
+    packing: bool = False  # several examples per row (no padding) instead of one padded example per row
+    max_tokens: int = positive(256)  # per example (and per packed row)
+
+
+@dataclass
+class InitConfig:
+    """Where a language-model run's weights start."""
+
+    checkpoint: Optional[str] = None  # a run folder (its newest checkpoint's model) or a Hugging Face model folder
+    # when checkpoint is not given: run this recipe first, into the run's sft/ folder, and start from its result
+    sft_recipe: Optional[str] = None
+    sft_overrides: List[str] = field(default_factory=list)
+
+
+@dataclass
 class TrainConfig:
     total_env_steps: int = positive(100_000)
     rollout_steps: int = positive(128)  # policy decisions per env per iteration (max episode steps for GRPO)
@@ -196,6 +275,8 @@ class TrainConfig:
     # updates, updates_per_iteration per iteration (eval_every and checkpoint_every count these)
     total_updates: int = non_negative(0)
     updates_per_iteration: int = positive(1000)
+    # language-model RL (runner=llm): the run's length in iterations (one generation + update each)
+    total_iterations: int = non_negative(0)
 
 
 @dataclass
@@ -214,7 +295,7 @@ class Config:
     recipe: str = ""
     description: str = ""
     seed: int = non_negative(0)
-    runner: str = choice("onpolicy", "onpolicy", "offpolicy")
+    runner: str = choice("onpolicy", "onpolicy", "offpolicy", "llm")
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
@@ -226,5 +307,9 @@ class Config:
     critic: CriticConfig = field(default_factory=CriticConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     imitation: ImitationConfig = field(default_factory=ImitationConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    init: InitConfig = field(default_factory=InitConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     run: RunConfig = field(default_factory=RunConfig)

@@ -41,6 +41,8 @@ __all__ = [
     "answers_match",
     "RewardRunner",
     "RewardError",
+    "make_task",
+    "score_responses",
 ]
 
 
@@ -299,3 +301,28 @@ class RewardRunner:
         if self._pool is not None:
             self._pool.terminate()
             self._pool = None
+
+
+def make_task(cfg: dict) -> TextTask:
+    """The task a run's ``task`` config section describes."""
+    name = cfg.get("name", "arithmetic")
+    if name == "arithmetic":
+        kw = {"template": cfg["template"]} if cfg.get("template") else {}
+        return ArithmeticTask(ops=tuple(cfg.get("ops", ("+",))), min_digits=cfg.get("min_digits", 1),
+                              max_digits=cfg.get("max_digits", 2), test_fraction=cfg.get("test_fraction", 0.1), **kw)
+    if name == "jsonl_qa":
+        if not cfg.get("train_file"):
+            raise TaskDataError("task.train_file: jsonl_qa needs a JSONL file of {question, answer} records")
+        kw = {"template": cfg["template"]} if cfg.get("template") else {}
+        return JsonlQATask(cfg["train_file"], cfg.get("test_file"), test_fraction=cfg.get("test_fraction", 0.1),
+                           question_key=cfg.get("question_key", "question"), answer_key=cfg.get("answer_key", "answer"), **kw)
+    raise ValueError(f"task.name: unknown task {name!r}; known: arithmetic, jsonl_qa")
+
+
+def score_responses(task: TextTask, prompts: Sequence[Prompt], responses: Sequence[str],
+                    reward_fn: "RewardRunner | None" = None) -> list[float]:
+    """Rewards of ``responses``: the user's reward function when one is configured, else the
+    task's answer checker."""
+    if reward_fn is not None:
+        return reward_fn(prompts, responses)
+    return [task.reward(p, r) for p, r in zip(prompts, responses)]

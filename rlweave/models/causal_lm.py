@@ -20,8 +20,9 @@ from typing import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-__all__ = ["require_transformers", "train_tokenizer", "build_causal_lm", "CausalLMPolicy", "token_logprobs",
-           "pack_sequences", "apply_lora", "merge_lora", "save_pretrained"]
+__all__ = ["require_transformers", "train_tokenizer", "load_tokenizer", "build_causal_lm", "load_causal_lm",
+           "CausalLMPolicy", "token_logprobs", "pack_sequences", "apply_lora", "merge_lora", "merged_state_dict",
+           "save_pretrained"]
 
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>")
 
@@ -34,15 +35,19 @@ def require_transformers():
     return transformers
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 512, min_frequency: int = 1):
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 512, min_frequency: int = 1, split_digits: bool = True):
     """A byte-level BPE tokenizer trained on ``texts``, as a ``PreTrainedTokenizerFast`` whose
     ``<pad>``, ``<eos>`` and ``<bos>`` are ids 0, 1, 2. Byte-level: every string encodes, none
-    maps to an unknown token."""
+    maps to an unknown token. ``split_digits``: every digit is its own token (as in Qwen's and
+    Llama's vocabularies), so numbers are never merged into arbitrary multi-digit pieces, which
+    makes arithmetic far harder to learn."""
     transformers = require_transformers()
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                         if split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -74,6 +79,39 @@ def build_causal_lm(vocab_size: int, arch: str = "qwen2", hidden_size: int = 64,
     return model
 
 
+def load_tokenizer(path: str | Path):
+    """A tokenizer saved in a local folder (``save_pretrained`` layout); a pad token is added
+    from eos when it has none (batched generation and training pad)."""
+    transformers = require_transformers()
+    tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def load_causal_lm(spec: dict, vocab_size: int, seed: int = 0, tokenizer=None):
+    """The model a run's ``model`` config section describes: ``from_pretrained(spec["path"])``
+    when a local folder is given (what users do with real models), else the architecture built
+    from the section's sizes with random weights, seeded. ``lora_rank`` > 0 wraps it with LoRA."""
+    transformers = require_transformers()
+    dtype = _DTYPES[spec.get("dtype", "float32")]
+    if spec.get("path"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(spec["path"]), dtype=dtype)
+    else:
+        ids = {} if tokenizer is None else {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
+                                            "bos_token_id": tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id}
+        model = build_causal_lm(vocab_size, arch=spec["arch"], hidden_size=spec["hidden_size"], num_layers=spec["num_layers"],
+                                num_heads=spec["num_heads"], num_kv_heads=spec["num_kv_heads"],
+                                intermediate_size=spec["intermediate_size"], max_positions=spec["max_positions"], seed=seed,
+                                **ids).to(dtype)
+    if spec.get("lora_rank", 0):
+        model = apply_lora(model, r=spec["lora_rank"], alpha=spec.get("lora_alpha", 16))
+    return model
+
+
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
     """``log softmax(logits)[..., token]``: ``logits`` [B, T, V], ``tokens`` [B, T] -> [B, T], in
     float32 whatever the logits' dtype (log-prob differences of bf16 logits are too coarse)."""
@@ -101,9 +139,12 @@ class CausalLMPolicy(nn.Module):
             nn.init.zeros_(self.value_head.bias)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool = True,
-                temperature: float = 1.0) -> dict[str, Tensor]:
-        """``temperature``: score under the sampling distribution the rollout used (logits / T)."""
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+                temperature: float = 1.0, position_ids: Tensor | None = None) -> dict[str, Tensor]:
+        """``temperature``: score under the sampling distribution the rollout used (logits / T).
+        ``position_ids`` and a 4-D ``attention_mask`` (1 where a query may attend a key) let a
+        packed row hold several independent sequences."""
+        if position_ids is None:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          output_hidden_states=self.value_head is not None, use_cache=False)
         logits = out.logits[:, :-1]
@@ -151,6 +192,25 @@ def apply_lora(model: nn.Module, r: int = 8, alpha: int = 16, dropout: float = 0
 def merge_lora(model: nn.Module) -> nn.Module:
     """The base model with the adapters folded into its weights (what a rollout engine loads)."""
     return model.merge_and_unload()
+
+
+def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The plain model's state dict, with LoRA adapters (if any) folded into the base weights and
+    the adapter tensors left out: what a rollout engine holding the plain architecture loads.
+    The model itself is left unmerged (training continues on the adapters)."""
+    if not hasattr(model, "merge_adapter"):
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.merge_adapter()
+    try:
+        base = model.get_base_model()
+        out = {}
+        for k, v in base.state_dict().items():
+            if "lora_" in k:
+                continue
+            out[k.replace(".base_layer.", ".")] = v.detach().clone()
+        return out
+    finally:
+        model.unmerge_adapter()
 
 
 def save_pretrained(model: nn.Module, tokenizer, path: str | Path) -> Path:

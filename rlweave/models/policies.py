@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from .normalizer import RunningMeanStd
 
-__all__ = ["Policy", "MLPPolicy", "CNNPolicy", "flat_params_checksum", "ACTIVATIONS"]
+__all__ = ["Policy", "MLPPolicy", "CNNPolicy", "flat_params_checksum", "state_dict_checksum", "ACTIVATIONS"]
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -349,8 +349,13 @@ def flat_params_checksum(module: nn.Module) -> str:
     """blake2b (16-byte digest, hex) over every state_dict entry (parameters and persistent
     buffers) in state_dict order: name, dtype, shape and raw bytes. Equal on two processes iff
     their weights and statistics are bit-identical."""
+    return state_dict_checksum(module.state_dict())
+
+
+def state_dict_checksum(state: Mapping[str, Any]) -> str:
+    """:func:`flat_params_checksum` of a state dict (e.g. a sharded model's gathered full one)."""
     h = hashlib.blake2b(digest_size=16)
-    for name, t in module.state_dict().items():
+    for name, t in state.items():
         h.update(name.encode())
         if not isinstance(t, Tensor):  # extra state objects
             h.update(repr(t).encode())

@@ -21,22 +21,24 @@ from rlweave.models import build_policy
 from rlweave.utils.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace, truncate_metrics, write_text_atomic
 
-RUNNER_OF_KIND = {"on_policy": "onpolicy", "off_policy": "offpolicy", "imitation": "offpolicy", "offline": "offpolicy"}
+def algorithm_for_runner(cfg: DictConfig):
+    """The config's algorithm spec, refused on one line when unknown or not made for ``cfg.runner``."""
+    try:
+        spec = get_algorithm(cfg.algorithm.name)
+    except KeyError as e:
+        raise ConfigError(f"algorithm.name: {e.args[0]}") from None
+    if cfg.runner not in spec.runners:
+        raise ConfigError(
+            f"algorithm.name: '{spec.name}' is an {spec.kind.replace('_', '-')} algorithm; it runs with "
+            f"runner={' or '.join(spec.runners)} (this config has runner={cfg.runner})"
+        )
+    return spec
 
 
 def check_compatible(cfg: DictConfig):
     """Checks what the schema cannot (cross-field rules, env and policy fit) before any worker
     starts. Returns the env's (observation_space, action_space)."""
-    try:
-        spec = get_algorithm(cfg.algorithm.name)
-    except KeyError as e:
-        raise ConfigError(f"algorithm.name: {e.args[0]}") from None
-    runner = RUNNER_OF_KIND.get(spec.kind)
-    if runner != cfg.runner:
-        raise ConfigError(
-            f"algorithm.name: '{spec.name}' is an {spec.kind.replace('_', '-')} algorithm; it runs with runner={runner} "
-            f"(this config has runner={cfg.runner})"
-        )
+    spec = algorithm_for_runner(cfg)
     if spec.kind in ("off_policy", "imitation", "offline"):
         _check_off_policy(cfg)
     if cfg.run.deterministic and cfg.placement.mode == "auto":
@@ -171,12 +173,12 @@ class RunnerBase:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.resume = resume
-        self.spec = get_algorithm(cfg.algorithm.name)
-        self.obs_space, self.act_space = check_compatible(cfg)
+        self.spec = algorithm_for_runner(cfg)
+        self._check()
         if not cfg.cluster.address:
             # The embedded cluster's inventory is known in advance: refuse a bad placement before
             # Ray starts or the run folder is made. (An attached cluster is checked after attaching.)
-            plan_placement(cfg, Cluster.planned(cfg.cluster.num_cpus, cfg.cluster.num_gpus))
+            self._plan_placement(Cluster.planned(cfg.cluster.num_cpus, cfg.cluster.num_gpus))
         self.iteration = 0
         self.env_steps = 0
         self.wall_offset = 0.0
@@ -190,6 +192,13 @@ class RunnerBase:
         self.restarts = 0
 
     # ------------------------------------------------------------------ to provide
+    def _check(self) -> None:
+        """Refuses a config this runner cannot run, before anything starts."""
+        self.obs_space, self.act_space = check_compatible(self.cfg)
+
+    def _plan_placement(self, cluster: Cluster):
+        return plan_placement(self.cfg, cluster)
+
     def _start(self) -> None:
         raise NotImplementedError
 
@@ -219,8 +228,16 @@ class RunnerBase:
         return self.env_steps, self.cfg.train.total_env_steps
 
     _budget_unit = "steps"
+    _owns_cluster = True  # False for a run nested in another (an SFT warm-up): the outer one shuts it down
+    _score_metric = "eval/episode_return"  # what keep_best ranks checkpoints by
+    _progress_keys = ("train/episode_return", "eval/episode_return")  # the progress line's two figures
+    _progress_labels = ("return", "eval")
 
     def _after_iteration(self, record: dict) -> None:
+        return None
+
+    def _after_run(self) -> None:
+        """After the final checkpoint, before the workers stop (e.g. export the model)."""
         return None
 
     def _derived(self) -> dict:
@@ -232,7 +249,7 @@ class RunnerBase:
             return
         c = self.cfg.cluster
         self.cluster = Cluster.start(address=c.address, num_cpus=c.num_cpus, num_gpus=c.num_gpus, dashboard=c.dashboard, local=c.local)
-        self.plan = plan_placement(self.cfg, self.cluster)
+        self.plan = self._plan_placement(self.cluster)
         print(f"[rlweave] {self.cluster.describe()}")
         print(f"[rlweave] {self.plan.describe()}{note}")
 
@@ -296,11 +313,11 @@ class RunnerBase:
             t_e = time.perf_counter()
             record.update(self.evaluate())
             record["time/eval"] = time.perf_counter() - t_e
-            self._score = record.get("eval/episode_return")
+            self._score = record.get(self._score_metric)
             trace.span("driver", "eval", t_e, record["time/eval"])
         record["wall_time"] = self._wall()
         metrics.log(record)
-        progress.update(self.iteration, self._budget()[0], record.get("train/episode_return"), record.get("eval/episode_return"))
+        progress.update(self.iteration, self._budget()[0], *(record.get(k) for k in self._progress_keys))
         return record
 
     def _wall(self) -> float:
@@ -341,7 +358,7 @@ class RunnerBase:
                 self._initial = self._parts()  # a restart before the first checkpoint starts over from here
             metrics = MetricsWriter(self.run_dir, tensorboard=cfg.run.tensorboard)
             trace = Trace(self.run_dir)
-            progress = Progress(self._budget()[1], enabled=cfg.run.progress, unit=self._budget_unit)
+            progress = Progress(self._budget()[1], enabled=cfg.run.progress, unit=self._budget_unit, labels=self._progress_labels)
             try:
                 while self._more() and self._stop_reason is None:
                     try:
@@ -368,6 +385,7 @@ class RunnerBase:
             ckpts = list_checkpoints(self.run_dir)
             if not ckpts or ckpts[-1].name != f"iter_{self.iteration:08d}":
                 self._save()
+            self._after_run()
             if self._stop_reason is not None and self._more():
                 print(f"[rlweave] {self._stop_reason}: stopped at iteration {self.iteration} with a checkpoint; "
                       f"continue with: rlweave resume {self.run_dir}")
@@ -426,7 +444,7 @@ class RunnerBase:
 
     def shutdown(self) -> None:
         self._stop_groups()
-        if self.cluster is not None:
+        if self.cluster is not None and self._owns_cluster:
             self.cluster.shutdown()
 
     def _stop_groups(self) -> None:

@@ -107,9 +107,10 @@ class Progress:
     """One live line per run: iteration, env steps (or ``unit``: gradient updates of an offline
     run), their rate, latest return, ETA."""
 
-    def __init__(self, total_steps: int, enabled: bool = True, unit: str = "steps"):
+    def __init__(self, total_steps: int, enabled: bool = True, unit: str = "steps", labels: tuple[str, str] = ("return", "eval")):
         self.total = total_steps
         self.unit = unit
+        self.labels = labels  # what the two shown values are: training and evaluation figures
         self.enabled = enabled
         self.start = time.perf_counter()
         self.tty = sys.stderr.isatty()
@@ -126,10 +127,9 @@ class Progress:
         rate = env_steps / elapsed if elapsed > 0 else 0.0
         eta = (self.total - env_steps) / rate if rate > 0 else float("nan")
         parts = [f"it {iteration}", f"{self.unit} {env_steps}/{self.total}", f"{rate:,.0f} {self.unit}/s"]
-        if ret is not None:
-            parts.append(f"return {ret:.1f}")
-        if eval_ret is not None:
-            parts.append(f"eval {eval_ret:.1f}")
+        for label, value in zip(self.labels, (ret, eval_ret)):
+            if value is not None:
+                parts.append(f"{label} {value:.1f}" if abs(value) >= 10 else f"{label} {value:.3g}")
         parts.append(f"ETA {_fmt_time(eta)}")
         line = " | ".join(parts)
         if self.tty:

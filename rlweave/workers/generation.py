@@ -63,6 +63,9 @@ class HFGenerator:
         self.version = packet.version
         return flat_params_checksum(self.model)
 
+    def state_dict(self) -> dict:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
     @torch.no_grad()
     def generate(self, prompts: list[str], n: int = 1, seed: int = 0, greedy: bool = False) -> Generation:
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlweave.models import flat_params_checksum
+from rlweave.models import state_dict_checksum
 
 
 @dataclass
@@ -31,11 +31,14 @@ class WeightPacket:
     buckets: list  # WeightBucket, or ObjectRefs to them when sent through Ray
 
 
-def pack_state(module: torch.nn.Module, version: int, bucket_bytes: int = 32 << 20) -> WeightPacket:
+def pack_state(module: torch.nn.Module | dict, version: int, bucket_bytes: int = 32 << 20) -> WeightPacket:
+    """A module's state dict (or a state dict: a sharded model's gathered one, LoRA adapters
+    merged) as a versioned packet of contiguous buckets, with its checksum."""
+    state = module if isinstance(module, dict) else module.state_dict()
     buckets: list[WeightBucket] = []
     current: dict[str, list] = {}
     sizes: dict[str, int] = {}
-    for name, tensor in module.state_dict().items():
+    for name, tensor in state.items():
         if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: its bits travel as int16
             arr, key = tensor.detach().cpu().view(torch.int16).numpy(), _BF16
         else:
@@ -48,7 +51,7 @@ def pack_state(module: torch.nn.Module, version: int, bucket_bytes: int = 32 << 
         sizes[key] = sizes.get(key, 0) + arr.nbytes
     for key, items in current.items():
         buckets.append(_close(items, key))
-    return WeightPacket(version=version, checksum=flat_params_checksum(module), buckets=buckets)
+    return WeightPacket(version=version, checksum=state_dict_checksum(state), buckets=buckets)
 
 
 _BF16 = "bfloat16"

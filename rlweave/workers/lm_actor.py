@@ -1,0 +1,283 @@
+"""Language-model actor worker: scores and trains a causal LM policy.
+
+The driver hands each rank its share of the iteration's batch (rows of prompt + response token
+ids) twice: ``score`` returns the trainer's log-probs of the response tokens under the current
+weights (the PPO anchor; compared with the rollout's to measure the train-inference mismatch), the
+reference model's (for KL) and the critic's values; ``update`` then runs the algorithm's epochs of
+minibatch updates with the advantages the driver computed. ``sft_update`` is supervised
+fine-tuning on target tokens.
+
+One rank trains in plain PyTorch. Several ranks shard the model with FSDP2 (``fully_shard`` on
+every decoder layer and the root; gloo on CPU, NCCL on GPU): each rank holds a slice of the
+parameters and optimizer state, gradients are reduce-scattered, and ``export_weights`` gathers the
+full state dict for the rollout engines. Every per-token tensor crossing the process boundary is
+*response-aligned* ``[B, R]``: response token j of row i at column j, like the rollout's log-probs.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rlweave.algorithms import get_algorithm
+from rlweave.algorithms.llm import llm_policy_loss, sft_loss
+from rlweave.algorithms.losses import total_loss
+from rlweave.cluster import Worker
+from rlweave.models.causal_lm import (CausalLMPolicy, load_causal_lm, load_tokenizer, merged_state_dict, require_transformers,
+                                      save_pretrained)
+from rlweave.utils.memory import peak_rss_mb
+from rlweave.workers.weights import WeightPacket, pack_state, share_packet
+
+__all__ = ["LMActorWorker", "response_view"]
+
+
+def response_view(x: torch.Tensor, resp_len: torch.Tensor, width: int) -> torch.Tensor:
+    """Per-position values ``x`` [B, W-1] of left-padded prompt+response rows (position t-1
+    scores token t) -> response-aligned [B, width]: column j is response token j (0 past the end)."""
+    W1 = x.shape[1]
+    j = torch.arange(width, device=x.device)
+    idx = (W1 - resp_len[:, None] + j[None, :]).clamp(max=W1 - 1)
+    valid = j[None, :] < resp_len[:, None]
+    return torch.where(valid, torch.gather(x, 1, idx), torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+class LMActorWorker(Worker):
+    def __init__(self, model_spec: dict, tokenizer_path: str, algo_cfg: dict, seed: int, temperature: float = 1.0):
+        self.cfg = algo_cfg
+        self.spec = get_algorithm(algo_cfg["name"])
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        torch.manual_seed(seed)  # identical initial weights on every rank
+        self.model = load_causal_lm(model_spec, len(self.tokenizer), seed=seed, tokenizer=self.tokenizer)
+        self.lora = bool(model_spec.get("lora_rank", 0))
+        self.policy = CausalLMPolicy(self.model, value_head=self.spec.uses_critic)
+        self.policy.to(self.device)
+        self.temperature = float(temperature)  # the rollout's: log-probs are scored under the same distribution
+        self.ref = None
+        if self.spec.kind != "offline" and algo_cfg.get("kl_coef", 0.0) > 0 and not self.lora:
+            self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)  # LoRA: the base with adapters off
+        self.optimizer: torch.optim.Optimizer | None = None  # built after sharding (FSDP2 swaps parameters)
+        self.version = 0
+        self.updates = 0
+        self.rng = np.random.default_rng(seed * 7919 + self.rank)
+
+    # ------------------------------------------------------------------ set-up
+    def _ready(self) -> None:
+        if self.optimizer is not None:
+            return
+        if self.world_size > 1 and dist.is_initialized():
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in self.model.get_decoder().layers if hasattr(self.model, "get_decoder") else []:
+                fully_shard(layer)
+            fully_shard(self.policy)
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        critic = [p for n, p in self.policy.named_parameters() if n.startswith("value_head") and p.requires_grad]
+        actor = [p for p in params if all(p is not c for c in critic)]
+        groups = [{"params": actor, "lr": self.cfg["lr"]}]
+        if critic:
+            groups.append({"params": critic, "lr": self.cfg.get("critic_lr") or self.cfg["lr"]})
+        self.optimizer = torch.optim.AdamW(groups, betas=tuple(self.cfg.get("adam_betas", (0.9, 0.999))), weight_decay=0.0)
+
+    def _full_state(self) -> dict:
+        """The plain model's full state dict (gathered from every rank when sharded; LoRA
+        adapters merged). Every rank must call it when the model is sharded."""
+        self._ready()
+        if self.world_size > 1 and dist.is_initialized():
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if self.lora:
+                state = _merge_lora_state(state, self.model)
+            return state
+        return merged_state_dict(self.model)
+
+    def export_weights(self) -> WeightPacket | None:
+        """The weights rollout engines load (rank 0 returns them; with FSDP every rank must take
+        part in the gather, the others return None)."""
+        state = self._full_state()
+        if self.rank != 0:
+            return None
+        return share_packet(pack_state(state, self.version))
+
+    # ------------------------------------------------------------------ batches
+    def _tensors(self, batch: dict):
+        ids = _tensor(batch["input_ids"], dtype=torch.long, device=self.device)
+        attn = _tensor(batch["attention_mask"], dtype=torch.long, device=self.device)
+        resp_len = _tensor(batch["resp_len"], dtype=torch.long, device=self.device)
+        width = int(batch["width"])
+        mask = torch.arange(width, device=self.device)[None, :] < resp_len[:, None]
+        return ids, attn, resp_len, width, mask
+
+    def _forward(self, ids, attn, resp_len, width, with_entropy=True):
+        out = self.policy(ids, attn, with_entropy=with_entropy, temperature=self.temperature)
+        return {k: response_view(v, resp_len, width) for k, v in out.items()}
+
+    @torch.no_grad()
+    def score(self, batch: dict) -> dict:
+        """Trainer log-probs (the update's anchor), reference log-probs and values of this rank's
+        rows, response-aligned numpy [B, R]."""
+        self._ready()
+        self.policy.eval()
+        ids, attn, resp_len, width, _ = self._tensors(batch)
+        out, ref, values = [], [], []
+        for s in _chunks(ids.shape[0], self.cfg.get("minibatch_size", 64)):
+            o = self._forward(ids[s], attn[s], resp_len[s], width, with_entropy=False)
+            out.append(o["logprobs"])
+            if "values" in o:
+                values.append(o["values"])
+            if self.ref is not None or (self.lora and self.cfg.get("kl_coef", 0.0) > 0):
+                ref.append(self._ref_logprobs(ids[s], attn[s], resp_len[s], width))
+        result = {"logprobs": torch.cat(out).float().cpu().numpy()}
+        if ref:
+            result["ref_logprobs"] = torch.cat(ref).float().cpu().numpy()
+        if values:
+            result["values"] = torch.cat(values).float().cpu().numpy()
+        return result
+
+    def _ref_logprobs(self, ids, attn, resp_len, width):
+        if self.ref is not None:
+            ref_policy = CausalLMPolicy(self.ref)
+            return self._view(ref_policy(ids, attn, with_entropy=False, temperature=self.temperature)["logprobs"], resp_len, width)
+        with self.model.disable_adapter():  # LoRA: the frozen base is the reference
+            return self._forward(ids, attn, resp_len, width, with_entropy=False)["logprobs"]
+
+    @staticmethod
+    def _view(x, resp_len, width):
+        return response_view(x, resp_len, width)
+
+    def update(self, batch: dict, lr_scale: float = 1.0) -> dict:
+        """The algorithm's epochs of minibatch updates on this rank's rows. ``batch`` holds the
+        rows and, response-aligned, ``advantages``, ``old_logprobs`` (from ``score``) and,
+        as the algorithm needs them, ``behaviour_logprobs`` (async PPO), ``ref_logprobs``,
+        ``old_values`` and ``returns`` (PPO's critic)."""
+        self._ready()
+        t0 = time.perf_counter()
+        c = self.cfg
+        self.policy.train()
+        for g in self.optimizer.param_groups:
+            g.setdefault("initial_lr", g["lr"])
+            g["lr"] = g["initial_lr"] * lr_scale
+        ids, attn, resp_len, width, mask = self._tensors(batch)
+        tok = {k: _tensor(batch[k], dtype=torch.float32, device=self.device)
+               for k in ("advantages", "old_logprobs", "behaviour_logprobs", "ref_logprobs", "old_values", "returns")
+               if batch.get(k) is not None}
+        use_kl = c.get("kl_mode", "loss") == "loss" and c.get("kl_coef", 0.0) > 0 and "ref_logprobs" in tok
+        sums: dict[str, list[float]] = {}
+        n = ids.shape[0]
+        mb = min(n, c.get("minibatch_size", n))
+        for _ in range(c.get("epochs", 1)):
+            order = self.rng.permutation(n)
+            for s in range(0, n - mb + 1, mb):
+                idx = torch.as_tensor(order[s : s + mb], device=self.device)
+                out = self._forward(ids[idx], attn[idx], resp_len[idx], width)
+                m = mask[idx]
+                terms = llm_policy_loss(
+                    out["logprobs"], tok["old_logprobs"][idx], tok["advantages"][idx], m,
+                    clip_eps=c["clip_eps"], clip_eps_high=c.get("clip_eps_high"), loss_agg=c.get("loss_agg", "token_mean"),
+                    max_len=width, ref_log_prob=tok["ref_logprobs"][idx] if use_kl else None,
+                    kl_coef=c.get("kl_coef", 0.0) if use_kl else 0.0, kl_estimator=c.get("kl_estimator", "k3"),
+                    behaviour_log_prob=tok["behaviour_logprobs"][idx] if "behaviour_logprobs" in tok else None,
+                    is_cap=c.get("is_cap", 2.0), entropy=out["entropy"], ent_coef=c.get("ent_coef", 0.0),
+                    values=out.get("values"), old_values=tok["old_values"][idx] if "old_values" in tok else None,
+                    returns=tok["returns"][idx] if "returns" in tok else None, value_clip=c.get("value_clip"),
+                    vf_coef=c.get("vf_coef", 0.5),
+                )
+                terms.setdefault("entropy", (out["entropy"] * m).sum() / m.sum().clamp_min(1))
+                self._step(total_loss(terms), terms, sums)
+        self.version += 1
+        metrics = {k: float(np.mean(v)) for k, v in sums.items()}
+        metrics["time/actor_update"] = time.perf_counter() - t0
+        metrics["tokens"] = int(mask.sum())
+        metrics["peak_rss_mb"] = peak_rss_mb()
+        return metrics
+
+    def sft_update(self, batch: dict) -> dict:
+        """One supervised step: negative log-likelihood of the target tokens of this rank's rows
+        (``target_mask`` [B, W], True on the tokens to learn: responses, or every example's
+        response in a packed row)."""
+        self._ready()
+        self.policy.train()
+        ids = _tensor(batch["input_ids"], dtype=torch.long, device=self.device)
+        attn = _tensor(batch["attention_mask"], dtype=torch.long, device=self.device)
+        target = _tensor(batch["target_mask"], dtype=torch.bool, device=self.device)[:, 1:]
+        pos = batch.get("position_ids")
+        out = self.policy(ids, attn, with_entropy=False, position_ids=None if pos is None else _tensor(pos, device=self.device))
+        terms = sft_loss(out["logprobs"], target, self.cfg.get("loss_agg", "token_mean"))
+        sums: dict[str, list[float]] = {}
+        self._step(total_loss(terms), terms, sums)
+        self.version += 1
+        metrics = {k: v[0] for k, v in sums.items()}
+        metrics["tokens"] = int(target.sum())
+        return metrics
+
+    def _step(self, loss: torch.Tensor, terms: dict, sums: dict) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        max_norm = self.cfg.get("max_grad_norm", 1.0) or math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.policy.parameters() if p.requires_grad], max_norm)
+        self.optimizer.step()
+        self.updates += 1
+        for k, v in terms.items():
+            sums.setdefault(k, []).append(float(v.detach().float().mean()))
+        sums.setdefault("grad_norm", []).append(float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
+
+    # ------------------------------------------------------------------ checkpoints
+    def state(self) -> dict:
+        """Weights, optimizer and counters of this rank (its shard when sharded)."""
+        self._ready()
+        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "version": self.version,
+                "updates": self.updates, "rng": self.rng.bit_generator.state, "torch": torch.get_rng_state()}
+
+    def load_state(self, state: dict) -> None:
+        self._ready()
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version, self.updates = state["version"], state["updates"]
+        self.rng.bit_generator.state = state["rng"]
+        torch.set_rng_state(state["torch"])
+
+    def save_pretrained(self, path: str) -> str | None:
+        """The plain model (LoRA merged) and tokenizer as a Hugging Face folder, by rank 0."""
+        state = self._full_state()
+        if self.rank != 0:
+            return None
+        if not self.lora and self.world_size == 1:
+            save_pretrained(self.model, self.tokenizer, path)
+            return path
+        config = (self.model.get_base_model() if self.lora else self.model).config
+        plain = require_transformers().AutoModelForCausalLM.from_config(config)
+        plain.load_state_dict(state)
+        save_pretrained(plain.to(next(iter(state.values())).dtype), self.tokenizer, path)
+        return path
+
+
+def _tensor(x, dtype=None, device=None) -> torch.Tensor:
+    """A tensor owning a copy of ``x`` (arrays from the object store are read-only)."""
+    return torch.tensor(np.asarray(x), dtype=dtype, device=device)
+
+
+def _chunks(n: int, size: int):
+    for s in range(0, n, max(1, size)):
+        yield slice(s, min(n, s + size))
+
+
+def _merge_lora_state(state: dict, model) -> dict:
+    """A gathered peft state dict with the adapters folded in: W + B A * alpha / r."""
+    scale = {name: m.scaling["default"] for name, m in model.named_modules() if hasattr(m, "scaling") and "default" in getattr(m, "scaling", {})}
+    out = {}
+    prefix = "base_model.model."
+    for k, v in state.items():
+        if "lora_" in k:
+            continue
+        if k.endswith(".base_layer.weight"):
+            mod = k[: -len(".base_layer.weight")]
+            a, b = state[f"{mod}.lora_A.default.weight"], state[f"{mod}.lora_B.default.weight"]
+            v = v + (b.float() @ a.float()).to(v.dtype) * scale[mod]
+        key = k.replace(".base_layer.", ".")
+        out[key[len(prefix):] if key.startswith(prefix) else key] = v
+    return out

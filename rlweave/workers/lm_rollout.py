@@ -1,0 +1,109 @@
+"""Language-model rollout worker: generates responses to prompts and scores them.
+
+For language models the task is the environment (prompt -> response -> verifiable reward), so
+one worker holds both: a generation backend with a copy of the policy's weights (loaded from the
+actor's versioned, checksummed packets) and the task's verifier (or the user's reward function,
+run with a timeout in its own process). Only token ids, log-probs and rewards travel back to the
+driver, never text or tensors.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from rlweave.cluster import Worker
+from rlweave.envs.text_tasks import Prompt, RewardRunner, make_task, score_responses
+from rlweave.models.causal_lm import load_causal_lm, load_tokenizer
+from rlweave.workers.weights import WeightPacket
+
+__all__ = ["LMRolloutWorker", "make_generator"]
+
+
+def make_generator(backend: str, model, tokenizer, rollout_cfg: dict):
+    """The generation backend ``rollout.backend`` names, holding ``model``'s architecture."""
+    kw = dict(max_new_tokens=rollout_cfg["max_new_tokens"], temperature=rollout_cfg["temperature"], top_p=rollout_cfg["top_p"])
+    if backend == "hf":
+        from rlweave.workers.generation import HFGenerator
+
+        return HFGenerator(model, tokenizer, **kw)
+    if backend == "vllm":
+        from rlweave.workers.vllm_generation import VLLMGenerator
+
+        return VLLMGenerator(model, tokenizer, **kw)
+    raise ValueError(f"rollout.backend: unknown backend {backend!r}; known: hf, vllm")
+
+
+class LMRolloutWorker(Worker):
+    def __init__(self, model_spec: dict, tokenizer_path: str, rollout_cfg: dict, task_cfg: dict):
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        # the plain architecture: LoRA adapters arrive merged into the weights
+        model = load_causal_lm({**model_spec, "lora_rank": 0}, len(self.tokenizer), tokenizer=self.tokenizer)
+        self.generator = make_generator(rollout_cfg["backend"], model, self.tokenizer, rollout_cfg)
+        self.task = make_task(task_cfg)
+        # one call at a time (the host is threaded); a weight load waits for the generations issued before it
+        self._lock = threading.Condition()
+        self.generations = 0
+        self.reward_fn = None
+        if task_cfg.get("reward_fn"):
+            self.reward_fn = RewardRunner(task_cfg["reward_fn"], timeout_s=task_cfg["reward_timeout_s"],
+                                          on_error=task_cfg["reward_on_error"])
+
+    @property
+    def version(self) -> int:
+        return self.generator.version
+
+    def load_weights(self, packet: WeightPacket, after: int = 0) -> str:
+        """Loads the actor's weights once this worker has finished ``after`` generations (async
+        PPO sends new weights while the next batch is still being generated with the old ones);
+        returns the checksum of what the engine now holds."""
+        with self._lock:
+            self._lock.wait_for(lambda: self.generations >= after)
+            return self.generator.load_weights(packet)
+
+    def engine_state(self) -> dict:
+        """The weights the engine generates with (tests compare them with the actor's)."""
+        with self._lock:
+            return self.generator.state_dict()
+
+    def generate(self, prompts: list[Prompt], n: int, seed: int) -> dict:
+        """``n`` sampled responses per prompt, scored. Token lists, behaviour log-probs, rewards,
+        the policy version that sampled them, and the time each part took."""
+        with self._lock:
+            try:
+                return self._generate(prompts, n, seed)
+            finally:
+                self.generations += 1
+                self._lock.notify_all()
+
+    def _generate(self, prompts: list[Prompt], n: int, seed: int) -> dict:
+        t0 = time.perf_counter()
+        gen = self.generator.generate([p.text for p in prompts], n=n, seed=seed)
+        texts = self.generator.decode(gen)
+        t1 = time.perf_counter()
+        failed = self._failures()
+        rewards = score_responses(self.task, [prompts[g] for g in gen.group], texts, self.reward_fn)
+        return {
+            "prompt_ids": gen.prompt_ids, "response_ids": gen.response_ids, "logprobs": gen.logprobs,
+            "finished": gen.finished, "group": gen.group, "rewards": rewards, "version": gen.version,
+            "reward_failures": self._failures() - failed, "time_generate": t1 - t0, "time_reward": time.perf_counter() - t1,
+        }
+
+    def evaluate(self, prompts: list[Prompt]) -> dict:
+        """Greedy answers to ``prompts`` checked against their gold answers."""
+        with self._lock:
+            return self._evaluate(prompts)
+
+    def _evaluate(self, prompts: list[Prompt]) -> dict:
+        gen = self.generator.generate([p.text for p in prompts], n=1, seed=0, greedy=True)
+        texts = self.generator.decode(gen)
+        correct = [self.task.reward(p, t) > 0 for p, t in zip(prompts, texts)]
+        return {"correct": int(sum(correct)), "n": len(prompts), "response_tokens": sum(len(r) for r in gen.response_ids),
+                "samples": [(p.text, t, p.answer) for p, t in list(zip(prompts, texts))[:3]]}
+
+    def _failures(self) -> int:
+        return 0 if self.reward_fn is None else self.reward_fn.errors + self.reward_fn.timeouts
+
+    def close(self) -> None:
+        if self.reward_fn is not None:
+            self.reward_fn.close()

@@ -1,0 +1,218 @@
+"""The language-model workflow end to end on a tiny Qwen3: config checks before start, SFT (padded
+and packed), GRPO / DAPO / REINFORCE++ / PPO / async PPO iterations on real Ray workers, weight
+sync equality, the SFT warm-up sub-run, the exported Hugging Face folder, and resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from rlweave.config import ConfigError, load_config  # noqa: E402
+from rlweave.runners.llm import LLMRunner  # noqa: E402
+from rlweave.utils.metrics import read_metrics  # noqa: E402
+
+TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.num_kv_heads=2",
+        "model.intermediate_size=64", "model.vocab_size=300", "run.progress=false", "run.tensorboard=false",
+        "task.eval_prompts=16", "cluster.num_cpus=2"]
+RL = TINY + ["init.sft_recipe=null", "rollout.prompts_per_iteration=4", "algorithm.group_size=4", "rollout.max_new_tokens=4",
+             "train.total_iterations=2", "train.eval_every=1", "train.checkpoint_every=1"]
+
+
+def _cfg(recipe: str, *overrides: str):
+    return load_config(recipe, list(overrides))
+
+
+def _run(tmp_path: Path, recipe: str, *overrides: str, name: str = "run") -> tuple[LLMRunner, list[dict]]:
+    runner = LLMRunner(_cfg(recipe, *overrides), tmp_path / name)
+    runner.run()
+    return runner, read_metrics(tmp_path / name)
+
+
+# --------------------------------------------------------------------------- refused before start
+@pytest.mark.parametrize("overrides, fragment", [
+    (["algorithm.name=sac"], "algorithm.name: 'sac' is an off-policy algorithm; it runs with runner=offpolicy"),
+    (["algorithm.group_size=1"], "algorithm.group_size: grpo compares responses to the same prompt; needs >= 2, got 1"),
+    (["algorithm.overlong_buffer=9"], "algorithm.overlong_buffer: 9 exceeds rollout.max_new_tokens (4)"),
+    (["train.total_iterations=0"], "train.total_iterations: give the number of RL iterations (> 0)"),
+    (["algorithm.name=reinforce_pp", "algorithm.dynamic_sampling=true"], "algorithm.dynamic_sampling: needs group-relative advantages"),
+    (["algorithm.name=async_ppo", "train.max_staleness=0"], "train.max_staleness: async PPO"),
+    (["init.checkpoint=/nonexistent"], "init.checkpoint: /nonexistent is neither a Hugging Face model folder"),
+    (["model.max_positions=8"], "model.max_positions: 8 is shorter than task.max_prompt_tokens + rollout.max_new_tokens (36)"),
+    (["task.reward_fn=nonexistent_module:f"], "task.reward_fn: cannot load 'nonexistent_module:f'"),
+    (["task.ops=[/]"], "task.ops"),
+    (["placement.mode=auto"], "placement.mode: auto is planned for the embodied on-policy runner"),
+])
+def test_bad_llm_config_is_refused_on_one_line_before_start(tmp_path, overrides, fragment):
+    with pytest.raises(ConfigError) as e:
+        LLMRunner(_cfg("grpo-arith", *RL, *overrides), tmp_path / "never")
+    assert fragment in str(e.value)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "never").exists()
+
+
+def test_sft_data_line_without_field_names_the_line(tmp_path):
+    data = tmp_path / "sft.jsonl"
+    data.write_text('{"prompt": "a", "response": "b"}\n\n{"prompt": "c"}\n')
+    with pytest.raises(ConfigError, match=r"data.path: .*sft.jsonl:3: missing field\(s\) response"):
+        LLMRunner(_cfg("sft-arith", *TINY, f"data.path={data}"), tmp_path / "never")
+
+
+def test_the_vllm_backend_names_its_extra_when_missing(tmp_path):
+    pytest.importorskip  # noqa: B018 - documents the branch; vllm is an optional extra
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    with pytest.raises(ConfigError, match=r"rollout.backend: vllm is not installed: pip install 'rlweave\[vllm\]'"):
+        LLMRunner(_cfg("grpo-arith-vllm", *RL), tmp_path / "never")
+
+
+# --------------------------------------------------------------------------- SFT
+def test_sft_lowers_the_loss_logs_eval_first_and_exports_a_loadable_model(tmp_path):
+    runner, records = _run(tmp_path, "sft-arith", *TINY, "train.total_updates=40", "train.updates_per_iteration=20",
+                           "train.eval_every=1", "algorithm.minibatch_size=32")
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    assert set(records[0]) >= {"eval/accuracy", "eval/response_length"} and "train/loss_sft" not in records[0]
+    assert records[2]["train/loss_sft"] < records[1]["train/loss_sft"]
+    assert records[2]["updates"] == 40
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model")
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "run" / "model")
+    assert model.config.hidden_size == 32 and len(tok) <= 300
+
+
+def test_packed_sft_rows_score_like_padded_ones():
+    from rlweave.models.causal_lm import CausalLMPolicy, build_causal_lm, train_tokenizer
+    from rlweave.workers.sft_data import SFTData, SFTExample
+
+    tok = train_tokenizer(["What is 12 + 34? Answer: 46", "hello world"] * 20, vocab_size=280)
+    policy = CausalLMPolicy(build_causal_lm(len(tok), arch="qwen3", hidden_size=32, num_layers=2, intermediate_size=64)).eval()
+    examples = [SFTExample("What is 1 + 2? Answer: ", "3"), SFTExample("hello ", "world world"), SFTExample("What is 12 + 34? Answer: ", "46")]
+    data = SFTData(tok, examples=examples, max_tokens=64)
+    encoded = [data._encode(e) for e in examples]
+    padded, packed = data._pad(encoded), data._pack(encoded)
+    assert packed["input_ids"].shape[0] == 1 and padded["input_ids"].shape[0] == 3  # all three share one row
+    with torch.no_grad():
+        a = policy(torch.tensor(padded["input_ids"]), torch.tensor(padded["attention_mask"]), with_entropy=False)["logprobs"]
+        b = policy(torch.tensor(packed["input_ids"]), torch.tensor(packed["attention_mask"]), with_entropy=False,
+                   position_ids=torch.tensor(packed["position_ids"]))["logprobs"]
+    ta, tb = torch.tensor(padded["target_mask"])[:, 1:], torch.tensor(packed["target_mask"])[:, 1:]
+    targets = [sum(t) for _, t in encoded]  # response tokens plus the end-of-sequence token
+    assert min(targets) >= 2 and int(ta.sum()) == int(tb.sum()) == sum(targets)
+    torch.testing.assert_close(a[ta], b[tb], atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- RL
+def test_grpo_iterations_log_what_the_issue_names(tmp_path):
+    runner, records = _run(tmp_path, "grpo-arith", *RL)
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    first = records[1]
+    for key in ("train/reward", "eval/accuracy", "train/response_length", "train/entropy", "train/clip_fraction",
+                "rollout/logprob_gap", "throughput/generate_tokens_per_s", "throughput/train_tokens_per_s",
+                "train/reward_error_rate", "train/policy_lag"):
+        assert key in first, key
+    assert first["env_steps"] == 16 and records[2]["env_steps"] == 32  # 4 prompts x 4 responses per iteration
+    assert first["train/policy_lag"] == 0.0  # synchronous: sampled by the weights being trained
+    # the rollout engine and the trainer score the same tokens with the same weights
+    assert first["rollout/logprob_gap"] < 1e-4
+    assert runner.version == 2
+    assert (tmp_path / "run" / "model" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("algo, extra", [
+    ("dapo", ["algorithm.dynamic_sampling=true", "algorithm.clip_eps_high=0.28", "algorithm.overlong_buffer=2"]),
+    ("reinforce_pp", ["algorithm.kl_coef=0.01", "algorithm.kl_mode=reward"]),
+    ("reinforce_pp_baseline", []),
+    ("ppo", ["algorithm.kl_coef=0.01", "algorithm.kl_mode=reward", "algorithm.critic_lr=0.001"]),
+    ("async_ppo", ["placement.mode=disaggregated", "~placement.groups.actor", "~placement.groups.rollout"]),
+])
+def test_every_llm_algorithm_trains(tmp_path, algo, extra):
+    runner, records = _run(tmp_path, "grpo-arith", *RL, f"algorithm.name={algo}", *extra)
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    assert all(np.isfinite(r["train/loss_policy"]) for r in records[1:])
+    if algo == "ppo":
+        assert "train/loss_value" in records[1]
+    if algo in ("reinforce_pp", "ppo"):
+        assert records[1]["train/kl"] == pytest.approx(0.0, abs=1e-6)  # the first batch: policy == reference
+    if algo == "dapo":
+        assert records[1]["train/sampling_rounds"] >= 1
+    if algo == "async_ppo":
+        # the first batch was sampled by the initial weights, the second while the first trained
+        assert [r["train/policy_lag"] for r in records[1:]] == [0.0, 1.0]
+        assert records[2]["train/is_weight_mean"] > 0
+
+
+def test_weights_in_the_rollout_engine_equal_the_actors_after_sync(ray_session, tmp_path):
+    """Two processes (disaggregated): the actor's trained weights, sent bucketed, land bit-equal."""
+    runner = LLMRunner(_cfg("grpo-arith", *RL, "placement.mode=disaggregated", "~placement.groups.actor",
+                            "~placement.groups.rollout", "cluster.num_cpus=null"), tmp_path / "run")
+    runner.cluster = None
+    from rlweave.cluster import Cluster
+
+    runner.cluster = Cluster.start(address="auto")
+    runner.plan = runner._plan_placement(runner.cluster)
+    runner._owns_cluster = False
+    runner.run_dir.mkdir(parents=True)
+    try:
+        runner._start()
+        assert runner.actor.host_info("pid") != runner.rollout.host_info("pid")
+        runner._sync_weights()
+        actor_state = runner.actor.run("_full_state")[0]
+        engine_state = runner.rollout.run("engine_state")[0]
+        assert actor_state.keys() == engine_state.keys()
+        for k in actor_state:
+            assert torch.equal(actor_state[k], engine_state[k]), k
+    finally:
+        runner._stop_groups()
+
+
+def test_stopped_and_resumed_llm_run_matches_the_uninterrupted_one(tmp_path):
+    overrides = [*RL, "train.total_iterations=3", "run.deterministic=true"]
+    _, whole = _run(tmp_path, "grpo-arith", *overrides, name="whole")
+    stopped = LLMRunner(_cfg("grpo-arith", *overrides), tmp_path / "part")
+    stopped.run(on_iteration=lambda r, rec: r.request_stop() if r.iteration == 2 else None)
+    resumed = LLMRunner(_cfg("grpo-arith", *overrides, f"run.dir={tmp_path / 'part'}"), tmp_path / "part", resume=True)
+    resumed.run()
+    part = read_metrics(tmp_path / "part")
+    skip = ("time/", "throughput/", "wall_time", "peak_rss")
+    strip = lambda r: {k: v for k, v in r.items() if not k.startswith(skip)}  # noqa: E731
+    assert [strip(r) for r in part] == [strip(r) for r in whole]
+
+
+def test_grpo_without_init_runs_the_sft_warm_up_into_a_sub_folder(tmp_path):
+    runner, records = _run(tmp_path, "grpo-arith", *TINY, "rollout.prompts_per_iteration=4", "algorithm.group_size=4",
+                           "rollout.max_new_tokens=4", "train.total_iterations=1", "train.eval_every=1",
+                           "init.sft_overrides=[" + ",".join(f"'{o}'" for o in (
+                               "train.total_updates=10", "train.updates_per_iteration=10", "algorithm.minibatch_size=8",
+                               "model.hidden_size=32", "model.num_layers=2", "model.intermediate_size=64", "model.vocab_size=300",
+                               "task.eval_prompts=16")) + "]")
+    sft = read_metrics(tmp_path / "run" / "sft")
+    assert [r["iteration"] for r in sft] == [0, 1] and "train/loss_sft" in sft[1]
+    assert (tmp_path / "run" / "sft" / "model" / "config.json").is_file()
+    # the RL run's own log starts with its evaluation of the warm-up's weights, then RL only
+    assert [r["iteration"] for r in records] == [0, 1] and "train/loss_sft" not in json.dumps(records)
+    assert records[0]["eval/accuracy"] == pytest.approx(sft[-1]["eval/accuracy"])
+
+
+def test_two_actor_ranks_shard_the_model_with_fsdp2_and_sync_full_weights(tmp_path):
+    """FSDP2 over gloo: each rank holds about half of every sharded parameter, the gathered
+    weights reach the rollout engine (checksum-verified every iteration) and training goes on."""
+    runner, records = _run(tmp_path, "grpo-arith", *RL, "actor.num_workers=2", "placement.groups.actor.slots=0-1",
+                           "placement.groups.actor.threads=1", "placement.groups.rollout.threads=1",
+                           "placement.mode=hybrid")
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    assert all(np.isfinite(r["train/loss_policy"]) for r in records[1:])
+    state = torch.load(sorted((tmp_path / "run" / "checkpoints").glob("iter_*"))[-1] / "actor.pt", weights_only=False)
+    assert len(state) == 2  # one shard per rank
+    local = [sum((t.to_local() if hasattr(t, "to_local") else t).numel() for t in s["policy"].values()) for s in state]
+    import transformers
+
+    full = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model").state_dict().values())
+    assert local[0] < 0.75 * full and local[1] < 0.75 * full
