@@ -49,17 +49,30 @@ def load_config(recipe: str, overrides: list[str] | tuple[str, ...] = ()) -> Dic
     """Merges the recipe onto the schema, applies Hydra-syntax overrides (``key=value``,
     ``+key=value`` for free-form dicts, ``~key``), and validates. Returns a read-only config."""
     path = resolve_recipe(recipe)
-    try:
-        recipe_cfg = OmegaConf.load(path)
-    except Exception as e:  # noqa: BLE001 - YAML syntax errors carry the line
-        raise ConfigError(f"{path}: {_one_line(str(e))}") from None
-    cfg = validate(recipe_cfg)
+    cfg = validate(_read_recipe(path))
     apply_overrides(cfg, list(overrides))
     cfg = validate(cfg)
     if not cfg.recipe:
         cfg.recipe = path.stem
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
+    """A recipe file's content. ``base: other-recipe`` at its top starts from that recipe (itself
+    possibly based on another) and overrides what this file sets, so a variant states only how it
+    differs (``dapo-arith`` is ``grpo-arith`` with DAPO's settings)."""
+    try:
+        raw = OmegaConf.load(path)
+    except Exception as e:  # noqa: BLE001 - YAML syntax errors carry the line
+        raise ConfigError(f"{path}: {_one_line(str(e))}") from None
+    base = raw.pop("base", None) if isinstance(raw, DictConfig) else None
+    if base is None:
+        return raw
+    base_path = resolve_recipe(str(base))
+    if base_path.resolve() in seen or base_path.resolve() == path.resolve():
+        raise ConfigError(f"{path}: base: '{base}' makes a cycle of recipes")
+    return OmegaConf.merge(_read_recipe(base_path, seen + (path.resolve(),)), raw)
 
 
 def apply_overrides(cfg: DictConfig, overrides: list[str]) -> None:

@@ -112,6 +112,7 @@ class VLLMGenerator:
         tokenizer.save_pretrained(self._dir)
 
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        _check_head_dim(head_dim)
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * state[self._hf_names[0]].element_size()
         # Room for 512 full-length sequences, at most 1 GiB, at least two sequences.
@@ -187,6 +188,21 @@ class VLLMGenerator:
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
         self._cleanup()
+
+
+def _check_head_dim(head_dim: int) -> None:
+    """vLLM's CPU attention kernels exist for a few head sizes only; refuse others at start
+    rather than at the first forward pass."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in sizes:
+        raise ValueError(f"model: vLLM on CPU supports attention head sizes {sizes}; this model's is {head_dim} "
+                         f"(hidden_size / num_heads, or head_dim in the config)")
 
 
 @torch.no_grad()
