@@ -78,6 +78,7 @@ class RolloutConfig:
     backend: str = choice("hf", "hf", "vllm")
     prompts_per_iteration: int = positive(32)  # each sampled algorithm.group_size times
     max_new_tokens: int = positive(16)
+    min_new_tokens: int = non_negative(0)  # end-of-sequence suppressed before this many (benchmarks fix lengths)
     temperature: float = field(default=1.0, metadata={"min": 1e-6})
     top_p: float = field(default=1.0, metadata={"min": 1e-6, "max": 1})
 

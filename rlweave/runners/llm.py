@@ -289,7 +289,7 @@ class LLMRunner(RunnerBase):
 
     # ------------------------------------------------------------------ iterations
     def _iteration(self, metrics: MetricsWriter, trace: Trace, progress: Progress) -> dict:
-        if self.iteration == 0 and not self._logged_initial_eval:
+        if self.iteration == 0 and not self._logged_initial_eval and self.cfg.train.eval_every:
             self._logged_initial_eval = True  # the curve starts where training starts
             t0 = time.perf_counter()
             record = {"iteration": 0, "env_steps": 0, **self.evaluate(), "time/eval": time.perf_counter() - t0,
@@ -334,15 +334,19 @@ class LLMRunner(RunnerBase):
             gens, dropped, truncated, rounds = self._generations(it)
         t1 = time.perf_counter()
         batch = self._assemble(gens)
-        scored = self._score_rows(batch)
+        # one epoch of one minibatch per rank and nothing else to score: the update's own forward
+        # is the anchor (one pass fewer); otherwise the ranks score the rows first
+        single_pass = (a.epochs == 1 and a.minibatch_size * self.actor.world_size >= len(batch["rewards"])
+                       and not self.spec.uses_critic and a.kl_coef == 0)
+        scored = {} if single_pass else self._score_rows(batch)
         t2 = time.perf_counter()
         mask = torch.as_tensor(batch["mask"])
         scores = torch.as_tensor(batch["rewards"], dtype=torch.float32)
         if a.overlong_buffer:
             scores = scores + overlong_penalty(torch.as_tensor(batch["resp_len"]), cfg.rollout.max_new_tokens,
                                                a.overlong_buffer, a.overlong_penalty)
-        old = torch.as_tensor(scored["logprobs"])
         ref = torch.as_tensor(scored["ref_logprobs"]) if "ref_logprobs" in scored else None
+        old = torch.as_tensor(scored["logprobs"]) if scored else None
         kl = kl_penalty(old, ref, a.kl_estimator) if ref is not None else None
         adv, ret = token_advantages(
             self.spec.advantage, scores, mask, torch.as_tensor(batch["group"]),
@@ -350,16 +354,16 @@ class LLMRunner(RunnerBase):
             kl=kl if a.kl_mode == "reward" else None, kl_coef=a.kl_coef if a.kl_mode == "reward" else 0.0,
             gamma=a.gamma, lam=a.gae_lambda, norm=a.norm_adv,
         )
-        update = {"advantages": adv.numpy(), "old_logprobs": scored["logprobs"]}
+        update = {"advantages": adv.numpy(), "rollout_logprobs": batch["behaviour_logprobs"]}
+        if old is not None:
+            update["old_logprobs"] = scored["logprobs"]
         if ref is not None:
             update["ref_logprobs"] = scored["ref_logprobs"]
-        if self.spec.asynchronous:
-            update["behaviour_logprobs"] = batch["behaviour_logprobs"]
         if ret is not None:
             update["returns"], update["old_values"] = ret.numpy(), scored["values"]
         progress_frac = self.iteration / max(1, cfg.train.total_iterations)
         lr_scale = 1.0 - progress_frac if a.lr_anneal else 1.0
-        outs = self._per_rank("update", {**batch, **update}, lr_scale)
+        outs = self._per_rank("update", {**batch, **update}, lr_scale, self.spec.asynchronous)
         self.iteration = it
         self.version += 1
         self.env_steps += len(batch["rewards"])
@@ -371,8 +375,9 @@ class LLMRunner(RunnerBase):
             self._sync_weights()
         t4 = time.perf_counter()
         m = mask.bool()
-        behaviour = torch.as_tensor(batch["behaviour_logprobs"])
         gen_tokens = int(m.sum())
+        # the train-inference gap: rollout engine vs trainer log-probs of the same tokens, same weights
+        gap = (torch.as_tensor(batch["behaviour_logprobs"]) - old).abs()[m] if old is not None else None
         record.update({
             "env_steps": self.env_steps,
             "train/reward": float(np.mean(batch["rewards"])),
@@ -385,8 +390,10 @@ class LLMRunner(RunnerBase):
             "train/sampling_rounds": rounds,
             "train/informative_groups": batch["informative_groups"],
             "train/policy_lag": float(np.mean(self.version - 1 - np.asarray(batch["gen_version"]))),
-            "rollout/logprob_gap": float((behaviour - old).abs()[m].mean()),
-            "rollout/logprob_gap_max": float((behaviour - old).abs()[m].max()) if gen_tokens else 0.0,
+            "rollout/logprob_gap": float(gap.sum()) / max(1, gen_tokens) if gap is not None
+            else sum(o["logprob_gap_sum"] for o in outs) / max(1, gen_tokens),
+            "rollout/logprob_gap_max": (float(gap.max()) if gap.numel() else 0.0) if gap is not None
+            else max(o["logprob_gap_max"] for o in outs),
             "time/generate": t1 - t0, "time/score": t2 - t1, "time/update": t3 - t2, "time/sync": t4 - t3,
             "throughput/generate_tokens_per_s": gen_tokens / max(batch["time_generate"], 1e-9),
             "throughput/score_tokens_per_s": int(np.sum(batch["width_tokens"])) / max(t2 - t1, 1e-9),
@@ -395,7 +402,7 @@ class LLMRunner(RunnerBase):
         if kl is not None:
             record["train/kl"] = float(kl[m].mean())
         for k in outs[0]:
-            if isinstance(outs[0][k], (int, float)) and not k.startswith("time/"):
+            if isinstance(outs[0][k], (int, float)) and not k.startswith(("time/", "logprob_gap")):
                 record[f"train/{k}" if not k.startswith("peak") else k] = float(np.mean([o[k] for o in outs]))
         return self._finish_record(record, metrics, trace, progress, final=not self._more())
 
@@ -467,7 +474,7 @@ class LLMRunner(RunnerBase):
             "informative_groups": sum(g["informative"] for g in groups),
         }
 
-    _ROW_KEYS = ("input_ids", "attention_mask", "resp_len", "behaviour_logprobs", "advantages", "old_logprobs",
+    _ROW_KEYS = ("input_ids", "attention_mask", "resp_len", "rollout_logprobs", "advantages", "old_logprobs",
                  "ref_logprobs", "old_values", "returns")
 
     def _per_rank(self, method: str, batch: dict, *args) -> list:

@@ -47,13 +47,14 @@ class HFGenerator:
     ``top_p < 1`` that distribution is the truncated one)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, max_new_tokens: int = 32, temperature: float = 1.0,
-                 top_p: float = 1.0):
+                 top_p: float = 1.0, min_new_tokens: int = 0):
         if temperature <= 0:
             raise ValueError(f"rollout.temperature: must be > 0 (greedy decoding is an evaluation setting), got {temperature}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "left"
         self.max_new_tokens, self.temperature, self.top_p = int(max_new_tokens), float(temperature), float(top_p)
+        self.min_new_tokens = int(min_new_tokens)
         self.version = -1
 
     def load_weights(self, packet: WeightPacket) -> str:
@@ -77,6 +78,7 @@ class HFGenerator:
             out = self.model.generate(
                 input_ids=ids, attention_mask=mask, do_sample=not greedy, temperature=None if greedy else self.temperature,
                 top_p=None if greedy else self.top_p, top_k=None, max_new_tokens=self.max_new_tokens,
+                min_new_tokens=self.min_new_tokens or None,
                 eos_token_id=eos, pad_token_id=pad, output_scores=True, return_dict_in_generate=True,
             )
         new = out.sequences[:, ids.shape[1]:]

@@ -150,11 +150,16 @@ class LMActorWorker(Worker):
     def _view(x, resp_len, width):
         return response_view(x, resp_len, width)
 
-    def update(self, batch: dict, lr_scale: float = 1.0) -> dict:
+    def update(self, batch: dict, lr_scale: float = 1.0, importance_correction: bool = False) -> dict:
         """The algorithm's epochs of minibatch updates on this rank's rows. ``batch`` holds the
-        rows and, response-aligned, ``advantages``, ``old_logprobs`` (from ``score``) and,
-        as the algorithm needs them, ``behaviour_logprobs`` (async PPO), ``ref_logprobs``,
-        ``old_values`` and ``returns`` (PPO's critic)."""
+        rows and, response-aligned, ``advantages``, ``rollout_logprobs`` (the behaviour policy's,
+        from the rollout engine), ``old_logprobs`` (from ``score``) and, as the algorithm needs
+        them, ``ref_logprobs``, ``old_values`` and ``returns`` (PPO's critic).
+
+        Without ``old_logprobs`` the update is a single pass (one epoch, one minibatch): the
+        anchor is then this forward's own log-probs, detached, which are exactly what ``score``
+        would have returned, one forward pass cheaper. ``importance_correction`` (async PPO)
+        weights the surrogate by pi_old / pi_behaviour."""
         self._ready()
         t0 = time.perf_counter()
         c = self.cfg
@@ -164,24 +169,31 @@ class LMActorWorker(Worker):
             g["lr"] = g["initial_lr"] * lr_scale
         ids, attn, resp_len, width, mask = self._tensors(batch)
         tok = {k: _tensor(batch[k], dtype=torch.float32, device=self.device)
-               for k in ("advantages", "old_logprobs", "behaviour_logprobs", "ref_logprobs", "old_values", "returns")
+               for k in ("advantages", "old_logprobs", "rollout_logprobs", "ref_logprobs", "old_values", "returns")
                if batch.get(k) is not None}
         use_kl = c.get("kl_mode", "loss") == "loss" and c.get("kl_coef", 0.0) > 0 and "ref_logprobs" in tok
         sums: dict[str, list[float]] = {}
         n = ids.shape[0]
         mb = min(n, c.get("minibatch_size", n))
+        single_pass = "old_logprobs" not in tok
+        if single_pass and (c.get("epochs", 1) != 1 or mb != n):
+            raise RuntimeError("update without old_logprobs needs one epoch of one minibatch (score the rows first)")
+        gaps: list[torch.Tensor] = []
         for _ in range(c.get("epochs", 1)):
             order = self.rng.permutation(n)
             for s in range(0, n - mb + 1, mb):
                 idx = torch.as_tensor(order[s : s + mb], device=self.device)
                 out = self._forward(ids[idx], attn[idx], resp_len[idx], width)
                 m = mask[idx]
+                old = out["logprobs"].detach() if single_pass else tok["old_logprobs"][idx]
+                if single_pass and "rollout_logprobs" in tok:  # the train-inference gap, measured here
+                    gaps.append((tok["rollout_logprobs"][idx] - old).abs()[m])
                 terms = llm_policy_loss(
-                    out["logprobs"], tok["old_logprobs"][idx], tok["advantages"][idx], m,
+                    out["logprobs"], old, tok["advantages"][idx], m,
                     clip_eps=c["clip_eps"], clip_eps_high=c.get("clip_eps_high"), loss_agg=c.get("loss_agg", "token_mean"),
                     max_len=width, ref_log_prob=tok["ref_logprobs"][idx] if use_kl else None,
                     kl_coef=c.get("kl_coef", 0.0) if use_kl else 0.0, kl_estimator=c.get("kl_estimator", "k3"),
-                    behaviour_log_prob=tok["behaviour_logprobs"][idx] if "behaviour_logprobs" in tok else None,
+                    behaviour_log_prob=tok["rollout_logprobs"][idx] if importance_correction else None,
                     is_cap=c.get("is_cap", 2.0), entropy=out["entropy"], ent_coef=c.get("ent_coef", 0.0),
                     values=out.get("values"), old_values=tok["old_values"][idx] if "old_values" in tok else None,
                     returns=tok["returns"][idx] if "returns" in tok else None, value_clip=c.get("value_clip"),
@@ -191,6 +203,9 @@ class LMActorWorker(Worker):
                 self._step(total_loss(terms), terms, sums)
         self.version += 1
         metrics = {k: float(np.mean(v)) for k, v in sums.items()}
+        if gaps:
+            gap = torch.cat(gaps)
+            metrics["logprob_gap_sum"], metrics["logprob_gap_max"] = float(gap.sum()), float(gap.max()) if gap.numel() else 0.0
         metrics["time/actor_update"] = time.perf_counter() - t0
         metrics["tokens"] = int(mask.sum())
         metrics["peak_rss_mb"] = peak_rss_mb()

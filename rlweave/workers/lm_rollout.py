@@ -23,6 +23,8 @@ __all__ = ["LMRolloutWorker", "make_generator"]
 def make_generator(backend: str, model, tokenizer, rollout_cfg: dict):
     """The generation backend ``rollout.backend`` names, holding ``model``'s architecture."""
     kw = dict(max_new_tokens=rollout_cfg["max_new_tokens"], temperature=rollout_cfg["temperature"], top_p=rollout_cfg["top_p"])
+    if rollout_cfg.get("min_new_tokens"):
+        kw["min_new_tokens"] = rollout_cfg["min_new_tokens"]
     if backend == "hf":
         from rlweave.workers.generation import HFGenerator
 

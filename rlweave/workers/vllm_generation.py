@@ -105,14 +105,14 @@ class VLLMGenerator:
         config = model.config
         max_len = int(getattr(config, "max_position_embeddings", 2048) or 2048)
         self.max_model_len = min(max_len, 4096)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        _check_head_dim(head_dim)
 
         self._dir = tempfile.mkdtemp(prefix="rlweave-vllm-")
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, True)
         model.save_pretrained(self._dir)
         tokenizer.save_pretrained(self._dir)
 
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        _check_head_dim(head_dim)
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * state[self._hf_names[0]].element_size()
         # Room for 512 full-length sequences, at most 1 GiB, at least two sequences.
