@@ -216,3 +216,26 @@ def test_two_actor_ranks_shard_the_model_with_fsdp2_and_sync_full_weights(tmp_pa
 
     full = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model").state_dict().values())
     assert local[0] < 0.75 * full and local[1] < 0.75 * full
+
+
+def test_a_reward_function_that_raises_scores_zero_is_counted_and_the_run_goes_on(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the rollout worker's reward process imports it too
+    _, records = _run(tmp_path, "grpo-arith", *RL, "task.reward_fn=llm_rewards:fails_on_odd", "train.total_iterations=1")
+    r = records[1]
+    assert 0.0 < r["train/reward_error_rate"] < 1.0
+    # every response of a problem with an even first operand scores 1, the others 0
+    assert r["train/reward"] == pytest.approx(1.0 - r["train/reward_error_rate"])
+
+
+def test_lora_sft_then_grpo_with_a_kl_loss_against_the_adapter_free_base(tmp_path):
+    runner, sft = _run(tmp_path, "sft-arith", *TINY, "model.lora_rank=4", "train.total_updates=10",
+                       "train.updates_per_iteration=10", "algorithm.minibatch_size=16", "algorithm.lr=0.01", name="sft")
+    import transformers
+
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "sft" / "model")
+    assert not any("lora" in k for k in merged.state_dict())  # exported with the adapters folded in
+    _, rl = _run(tmp_path, "grpo-arith", *RL, f"init.checkpoint={tmp_path / 'sft'}", "model.lora_rank=4",
+                 "algorithm.kl_coef=0.1", "algorithm.kl_mode=loss", name="rl")
+    assert rl[1]["train/kl"] == pytest.approx(0.0, abs=1e-6)  # adapters start at zero: policy == base
+    assert "train/loss_kl" in rl[1] and np.isfinite(rl[2]["train/loss_policy"])
