@@ -239,3 +239,20 @@ def test_lora_sft_then_grpo_with_a_kl_loss_against_the_adapter_free_base(tmp_pat
                  "algorithm.kl_coef=0.1", "algorithm.kl_mode=loss", name="rl")
     assert rl[1]["train/kl"] == pytest.approx(0.0, abs=1e-6)  # adapters start at zero: policy == base
     assert "train/loss_kl" in rl[1] and np.isfinite(rl[2]["train/loss_policy"])
+
+
+def test_jsonl_task_with_long_prompts_drops_or_truncates_them_and_counts(tmp_path):
+    data = tmp_path / "qa.jsonl"
+    lines = [{"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"} for i in range(20)]
+    lines += [{"question": "Long question " + "word " * 40 + f"{i}?", "answer": f"\\boxed{{{i}}}"} for i in range(20)]
+    lines = [lines[i // 2] if i % 2 == 0 else lines[20 + i // 2] for i in range(40)]  # short and long alternate
+    data.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    common = [*RL, "task.name=jsonl_qa", f"task.train_file={data}", "task.test_fraction=0.2", "task.max_prompt_tokens=24",
+              "rollout.prompts_per_iteration=8", "train.total_iterations=1"]
+    _, dropped = _run(tmp_path, "grpo-arith", *common, "task.prompt_overflow=drop", name="drop")
+    _, cut = _run(tmp_path, "grpo-arith", *common, "task.prompt_overflow=truncate", name="cut")
+    d, c = dropped[1], cut[1]
+    assert d["train/prompts_dropped"] > 0 and d["train/prompts_truncated"] == 0
+    assert c["train/prompts_truncated"] == d["train/prompts_dropped"] and c["train/prompts_dropped"] == 0
+    # dropped prompts are not replaced: fewer responses that iteration; truncated ones all generate
+    assert d["env_steps"] == (8 - d["train/prompts_dropped"]) * 4 and c["env_steps"] == 8 * 4

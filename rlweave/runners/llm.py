@@ -186,6 +186,9 @@ class LLMRunner(RunnerBase):
                                    colocate_with=self.actor if fused else None)
         self.groups.append(self.rollout)
         self.eval_prompts = self._fit_prompts(self.task.prompts("test", cfg.task.eval_prompts, EVAL_SEED))[0]
+        if not self.eval_prompts and cfg.train.eval_every:
+            raise ConfigError(f"task.max_prompt_tokens: every held-out prompt is longer than {cfg.task.max_prompt_tokens} "
+                              "tokens and would be dropped (raise it, or task.prompt_overflow=truncate)")
         if self.sft:
             from rlweave.workers.sft_data import SFTData, read_sft_jsonl
 
@@ -282,6 +285,9 @@ class LLMRunner(RunnerBase):
         cfg = self.cfg
         seed = (cfg.seed * 1_000_003 + it) * 16 + rounds
         prompts, dropped, truncated = self._fit_prompts(self.task.prompts("train", cfg.rollout.prompts_per_iteration, seed))
+        if not prompts:
+            raise ValueError(f"task.max_prompt_tokens: all {dropped} prompts drawn were longer than "
+                             f"{cfg.task.max_prompt_tokens} tokens and dropped (raise it, or task.prompt_overflow=truncate)")
         shards = self._split(prompts, self.rollout.world_size)
         self._generation_calls += 1  # per rollout worker: every call goes to every worker
         handle = self.rollout.call_each("generate", [(s, cfg.algorithm.group_size, seed * 131 + r) for r, s in enumerate(shards)])

@@ -79,6 +79,9 @@ class LMRolloutWorker(Worker):
                 self._lock.notify_all()
 
     def _generate(self, prompts: list[Prompt], n: int, seed: int) -> dict:
+        if not prompts:  # more workers than prompts this round
+            return {"prompt_ids": [], "response_ids": [], "logprobs": [], "finished": [], "group": [], "rewards": [],
+                    "version": self.version, "reward_failures": 0, "time_generate": 0.0, "time_reward": 0.0}
         t0 = time.perf_counter()
         gen = self.generator.generate([p.text for p in prompts], n=n, seed=seed)
         texts = self.generator.decode(gen)
@@ -97,6 +100,8 @@ class LMRolloutWorker(Worker):
             return self._evaluate(prompts)
 
     def _evaluate(self, prompts: list[Prompt]) -> dict:
+        if not prompts:  # more workers than held-out prompts
+            return {"correct": 0, "n": 0, "response_tokens": 0, "samples": []}
         gen = self.generator.generate([p.text for p in prompts], n=1, seed=0, greedy=True)
         texts = self.generator.decode(gen)
         correct = [self.task.reward(p, t) > 0 for p, t in zip(prompts, texts)]
