@@ -88,6 +88,13 @@ def test_sft_lowers_the_loss_logs_eval_first_and_exports_a_loadable_model(tmp_pa
     assert model.config.hidden_size == 32 and len(tok) <= 300
 
 
+def test_stop_at_eval_ends_the_run_at_the_first_evaluation_reaching_it(tmp_path):
+    _, records = _run(tmp_path, "sft-arith", *TINY, "train.total_updates=100", "train.updates_per_iteration=5",
+                      "train.eval_every=2", "algorithm.minibatch_size=8", "train.stop_at_eval=0.0")
+    assert [r["iteration"] for r in records] == [0, 1, 2]  # iteration 2's evaluation (>= 0.0) ends it
+    assert records[-1]["updates"] == 10 and (tmp_path / "run" / "model" / "config.json").is_file()
+
+
 def test_packed_sft_rows_score_like_padded_ones():
     from rlweave.models.causal_lm import CausalLMPolicy, build_causal_lm, train_tokenizer
     from rlweave.workers.sft_data import SFTData, SFTExample

@@ -278,6 +278,9 @@ class TrainConfig:
     updates_per_iteration: int = positive(1000)
     # language-model RL (runner=llm): the run's length in iterations (one generation + update each)
     total_iterations: int = non_negative(0)
+    # end the run early once an evaluation reaches this (eval/episode_return, or eval/accuracy for
+    # language models): e.g. an SFT warm-up that stops at a given held-out accuracy
+    stop_at_eval: Optional[float] = None
 
 
 @dataclass

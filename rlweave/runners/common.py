@@ -221,7 +221,11 @@ class RunnerBase:
 
     def _more(self) -> bool:
         done, total = self._budget()
-        return done < total
+        return done < total and not self._reached_eval_target()
+
+    def _reached_eval_target(self) -> bool:
+        target = self.cfg.train.stop_at_eval
+        return target is not None and self._score is not None and self._score >= target
 
     def _budget(self) -> tuple[int, int]:
         """(done, total) of what the run counts towards its end: env steps, by default."""
@@ -314,6 +318,9 @@ class RunnerBase:
             record.update(self.evaluate())
             record["time/eval"] = time.perf_counter() - t_e
             self._score = record.get(self._score_metric)
+            if self._reached_eval_target():
+                print(f"[rlweave] {self._score_metric} {self._score:.4g} reached train.stop_at_eval={self.cfg.train.stop_at_eval}: "
+                      "the run ends here")
             trace.span("driver", "eval", t_e, record["time/eval"])
         record["wall_time"] = self._wall()
         metrics.log(record)
