@@ -263,3 +263,22 @@ def test_jsonl_task_with_long_prompts_drops_or_truncates_them_and_counts(tmp_pat
     assert c["train/prompts_truncated"] == d["train/prompts_dropped"] and c["train/prompts_dropped"] == 0
     # dropped prompts are not replaced: fewer responses that iteration; truncated ones all generate
     assert d["env_steps"] == (8 - d["train/prompts_dropped"]) * 4 and c["env_steps"] == 8 * 4
+
+
+def test_sft_jsonl_reads_prompt_response_and_chat_records_and_names_bad_lines(tmp_path):
+    from rlweave.envs.text_tasks import TaskDataError
+    from rlweave.workers.sft_data import SFTExample, read_sft_jsonl
+
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"prompt": "Q: 1+1?\n", "response": "2"}) + "\n" + json.dumps(
+        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+2?"},
+                      {"role": "assistant", "content": "3"}]}) + "\n")
+    assert read_sft_jsonl(good) == [SFTExample("Q: 1+1?\n", "2"), SFTExample("system: be brief\nuser: 1+2?\nassistant: ", "3")]
+    for line, fragment in ((json.dumps({"messages": [{"role": "user", "content": "x"}]}), "the last message must be the assistant's"),
+                           (json.dumps({"messages": [{"content": "x"}, {"role": "assistant", "content": "y"}]}), r"messages\[0\] is missing field .role."),
+                           ("[1, 2]", "expected an object, got list"),
+                           ("{not json", "not JSON")):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(json.dumps({"prompt": "a", "response": "b"}) + "\n" + line + "\n")
+        with pytest.raises(TaskDataError, match=rf"bad.jsonl:2: .*{fragment}"):
+            read_sft_jsonl(bad)
