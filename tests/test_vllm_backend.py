@@ -158,6 +158,19 @@ def test_biases_untied_head_and_stopping_at_eos(tok):
         trainer, behaviour = trainer_logprobs(actor, out, tok.pad_token_id, 1.0)
         assert (trainer - behaviour).abs().mean().item() < 1e-3
 
+        gen.min_new_tokens = 3  # end-of-sequence masked for the first 3 tokens
+        try:
+            late = gen.generate(prompts(6), n=4, seed=0)
+        finally:
+            gen.min_new_tokens = 0
+        assert any(late.finished) and all(len(r) >= 4 for r, fin in zip(late.response_ids, late.finished) if fin)
+        assert all(eos not in r[:3] for r in late.response_ids)
+        trainer, behaviour = trainer_logprobs(actor, late, tok.pad_token_id, 1.0)
+        # Renormalised without eos where it is masked: above the unmasked distribution's there.
+        early = torch.tensor([t < 3 for r in late.response_ids for t in range(len(r))])
+        assert (behaviour[early] > trainer[early] + 1e-3).all()
+        assert (behaviour[~early] - trainer[~early]).abs().max().item() < 1e-4
+
         # A sync that leaves one tensor out is refused: the engine still holds the old one there.
         other = build_causal_lm(len(tok), seed=7, **QWEN2)
         partial = {k: v for k, v in other.state_dict().items() if k != "model.layers.1.mlp.up_proj.weight"}

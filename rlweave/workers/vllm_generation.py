@@ -81,7 +81,8 @@ class _PreserveProcessState:
 class VLLMGenerator:
     """Sampling with a vLLM engine, seeded per request, behaviour log-probs from the processed
     distribution the token was sampled from (temperature and ``top_p`` applied), as
-    :class:`~rlweave.workers.generation.HFGenerator` reports them.
+    :class:`~rlweave.workers.generation.HFGenerator` reports them (with ``min_new_tokens``, the
+    end-of-sequence token is masked out of that distribution for the first tokens, as there).
 
     ``enforce_eager`` (class attribute): True starts the engine in seconds; False lets vLLM
     compile the model with torch.compile/inductor (needs a C++ compiler; about half a minute
@@ -90,7 +91,7 @@ class VLLMGenerator:
     enforce_eager: bool = True
 
     def __init__(self, model: torch.nn.Module, tokenizer, max_new_tokens: int = 32, temperature: float = 1.0,
-                 top_p: float = 1.0):
+                 top_p: float = 1.0, min_new_tokens: int = 0):
         if temperature <= 0:
             raise ValueError(f"rollout.temperature: must be > 0 (greedy decoding is an evaluation setting), got {temperature}")
         # The engine must live in this process: in-place weight reloads and reading weights back
@@ -99,6 +100,7 @@ class VLLMGenerator:
         vllm = _require_vllm()
         self.tokenizer = tokenizer
         self.max_new_tokens, self.temperature, self.top_p = int(max_new_tokens), float(temperature), float(top_p)
+        self.min_new_tokens = int(min_new_tokens)  # end-of-sequence masked before that many tokens
         self.version = -1
         if getattr(model, "peft_config", None) is not None:
             raise ValueError("VLLMGenerator: give the plain model (LoRA adapters merged), not a peft wrapper")
@@ -166,7 +168,8 @@ class VLLMGenerator:
                 requests.append(self._tokens_prompt(prompt_token_ids=list(p)))
                 params.append(self._sampling_params(
                     n=1, temperature=0.0 if greedy else self.temperature, top_p=1.0 if greedy else self.top_p,
-                    max_tokens=self.max_new_tokens, seed=int(seeds[i * n + j]) >> 1, logprobs=0,
+                    max_tokens=self.max_new_tokens, min_tokens=min(self.min_new_tokens, self.max_new_tokens),
+                    seed=int(seeds[i * n + j]) >> 1, logprobs=0,
                     stop_token_ids=[eos], detokenize=False,
                 ))
         with _PreserveProcessState():
@@ -226,9 +229,9 @@ def _engine_state_dict(model: torch.nn.Module, hf_shapes: dict[str, tuple]) -> d
     for mod_name, module in model.named_modules():
         for pname, param in module.named_parameters(recurse=False):
             if pname == "weight" and isinstance(module, (LinearBase, ParallelLMHead)):
-                tensor = _read_through_gemm(module, param.dtype)
+                tensor = _read_through_gemm(module, param.dtype, param.device)
             else:
-                tensor = param.detach()
+                tensor = param.detach().cpu()
             parent, _, leaf = mod_name.rpartition(".")
             prefix = f"{parent}." if parent else ""
             if leaf in packed:
@@ -252,14 +255,14 @@ def _engine_state_dict(model: torch.nn.Module, hf_shapes: dict[str, tuple]) -> d
     return out
 
 
-def _read_through_gemm(module: torch.nn.Module, dtype: torch.dtype, chunk: int = 2048) -> torch.Tensor:
+def _read_through_gemm(module: torch.nn.Module, dtype: torch.dtype, device: torch.device, chunk: int = 2048) -> torch.Tensor:
     """``W`` [out, in] of a linear layer as its kernel applies it: ``apply(I) = I @ W^T``."""
     width = int(getattr(module, "input_size_per_partition", 0) or getattr(module, "embedding_dim", 0)
                 or getattr(module, "input_size", 0))
     parts = []
     for start in range(0, width, chunk):
         stop = min(start + chunk, width)
-        eye = torch.zeros(stop - start, width, dtype=dtype)
-        eye[:, start:stop] = torch.eye(stop - start, dtype=dtype)
-        parts.append(module.quant_method.apply(module, eye))
+        eye = torch.zeros(stop - start, width, dtype=dtype, device=device)
+        eye[:, start:stop] = torch.eye(stop - start, dtype=dtype, device=device)
+        parts.append(module.quant_method.apply(module, eye).cpu())
     return torch.cat(parts, 0).t().contiguous()
