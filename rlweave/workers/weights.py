@@ -62,16 +62,22 @@ def _close(items: list, dtype: str) -> WeightBucket:
     return WeightBucket([n for n, _ in items], [tuple(a.shape) for _, a in items], dtype, data)
 
 
-def unpack_into(module: torch.nn.Module, buckets: list[WeightBucket]) -> None:
-    state = {}
+def bucket_tensors(buckets: list[WeightBucket]) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` pairs of a packet's buckets, in packing order: views of the buckets'
+    memory, no copies (bfloat16 restored from its int16 bits)."""
+    out = []
     for b in buckets:
         offset = 0
         for name, shape in zip(b.names, b.shapes):
             size = int(np.prod(shape)) if shape else 1
-            t = torch.from_numpy(b.data[offset : offset + size].reshape(shape).copy())
-            state[name] = t.view(torch.bfloat16) if b.dtype == _BF16 else t
+            t = torch.from_numpy(b.data[offset : offset + size]).reshape(shape)
+            out.append((name, t.view(torch.bfloat16) if b.dtype == _BF16 else t))
             offset += size
-    module.load_state_dict(state, strict=True)
+    return out
+
+
+def unpack_into(module: torch.nn.Module, buckets: list[WeightBucket]) -> None:
+    module.load_state_dict({name: t.clone() for name, t in bucket_tensors(buckets)}, strict=True)
 
 
 def resolve_buckets(buckets: list) -> list[WeightBucket]:
