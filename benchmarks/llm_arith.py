@@ -32,6 +32,15 @@ import time
 from pathlib import Path
 
 
+def _load_common():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rlweave_bench_common", Path(__file__).resolve().parent / "_common.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _train(recipe: str, run_dir: Path, overrides: list[str]) -> float:
     cmd = [sys.executable, "-m", "rlweave.cli", "train", recipe, f"run.dir={run_dir}", "run.progress=false",
            "run.tensorboard=false", *overrides]
@@ -138,9 +147,7 @@ def main(argv: list[str] | None = None) -> int:
            "need": args.need, "passed": passed, "seeds_meeting_target": met, "summary": summary, "runs": results,
            "sft_seconds": warmups, "overrides": args.overrides}
     if args.json:
-        tmp = f"{args.json}.tmp"
-        Path(tmp).write_text(json.dumps(out, indent=2) + "\n")
-        os.replace(tmp, args.json)
+        _load_common().write_json(args.json, out)
         print(f"wrote {args.json}")
     return 0 if passed else 1
 

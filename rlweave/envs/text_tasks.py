@@ -42,6 +42,7 @@ __all__ = [
     "RewardRunner",
     "RewardError",
     "make_task",
+    "read_jsonl",
     "score_responses",
 ]
 
@@ -154,30 +155,43 @@ class JsonlQATask(TextTask):
             self._splits = {"train": records[:cut], "test": records[cut:]}
 
     def _read(self, path: Path) -> list[Prompt]:
-        if not path.is_file():
-            raise TaskDataError(f"{path}: no such file")
         out = []
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise TaskDataError(f"{path}:{lineno}: not JSON ({e.msg})") from None
-                missing = [k for k in (self.question_key, self.answer_key) if not isinstance(rec, dict) or k not in rec]
-                if missing:
-                    raise TaskDataError(f"{path}:{lineno}: missing key(s) {', '.join(missing)}")
-                gold = extract_answer(str(rec[self.answer_key])) or str(rec[self.answer_key]).strip()
-                out.append(Prompt(id=f"{path.name}:{lineno}", text=self.template.format(question=rec[self.question_key]),
-                                  answer=gold, meta={"line": lineno}))
-        if not out:
-            raise TaskDataError(f"{path}: no records")
+        for lineno, rec in read_jsonl(path):
+            missing = [k for k in (self.question_key, self.answer_key) if k not in rec]
+            if missing:
+                raise TaskDataError(f"{path}:{lineno}: missing key(s) {', '.join(missing)}")
+            gold = extract_answer(str(rec[self.answer_key])) or str(rec[self.answer_key]).strip()
+            out.append(Prompt(id=f"{path.name}:{lineno}", text=self.template.format(question=rec[self.question_key]),
+                              answer=gold, meta={"line": lineno}))
         return out
 
     def _pool(self, split: str) -> list[Prompt]:
         self._check_split(split)
         return self._splits[split]
+
+
+def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
+    """``(line number, record)`` of every non-blank line of a JSONL file of objects;
+    :class:`TaskDataError` names the file and line of the first that is not one, and a file
+    without records."""
+    path = Path(path)
+    if not path.is_file():
+        raise TaskDataError(f"{path}: no such file")
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TaskDataError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+            if not isinstance(rec, dict):
+                raise TaskDataError(f"{path}:{lineno}: expected an object, got {type(rec).__name__}")
+            out.append((lineno, rec))
+    if not out:
+        raise TaskDataError(f"{path}: no records")
+    return out
 
 
 # --------------------------------------------------------------------------- answers

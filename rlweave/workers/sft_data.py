@@ -17,14 +17,13 @@ A malformed JSONL line is refused before training, with its line number and the 
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from rlweave.envs.text_tasks import TaskDataError, TextTask
+from rlweave.envs.text_tasks import TaskDataError, TextTask, read_jsonl
 
 __all__ = ["SFTExample", "read_sft_jsonl", "SFTData"]
 
@@ -40,29 +39,16 @@ def read_sft_jsonl(path: str | Path, prompt_key: str = "prompt", response_key: s
     """Every example of a JSONL file; :class:`TaskDataError` names the file, line and field of
     the first bad record."""
     path = Path(path)
-    if not path.is_file():
-        raise TaskDataError(f"{path}: no such file")
     out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TaskDataError(f"{path}:{lineno}: not JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise TaskDataError(f"{path}:{lineno}: expected an object, got {type(rec).__name__}")
-            if "messages" in rec:
-                out.append(_chat_example(rec["messages"], f"{path}:{lineno}", tokenizer))
-                continue
-            missing = [k for k in (prompt_key, response_key) if k not in rec]
-            if missing:
-                raise TaskDataError(f"{path}:{lineno}: missing field(s) {', '.join(missing)} "
-                                    f"(need '{prompt_key}' and '{response_key}', or 'messages')")
-            out.append(SFTExample(str(rec[prompt_key]), str(rec[response_key])))
-    if not out:
-        raise TaskDataError(f"{path}: no records")
+    for lineno, rec in read_jsonl(path):
+        if "messages" in rec:
+            out.append(_chat_example(rec["messages"], f"{path}:{lineno}", tokenizer))
+            continue
+        missing = [k for k in (prompt_key, response_key) if k not in rec]
+        if missing:
+            raise TaskDataError(f"{path}:{lineno}: missing field(s) {', '.join(missing)} "
+                                f"(need '{prompt_key}' and '{response_key}', or 'messages')")
+        out.append(SFTExample(str(rec[prompt_key]), str(rec[response_key])))
     return out
 
 
