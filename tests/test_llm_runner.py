@@ -208,21 +208,29 @@ def test_grpo_without_init_runs_the_sft_warm_up_into_a_sub_folder(tmp_path):
     assert records[0]["eval/accuracy"] == pytest.approx(sft[-1]["eval/accuracy"])
 
 
-def test_two_actor_ranks_shard_the_model_with_fsdp2_and_sync_full_weights(tmp_path):
-    """FSDP2 over gloo: each rank holds about half of every sharded parameter, the gathered
-    weights reach the rollout engine (checksum-verified every iteration) and training goes on."""
-    runner, records = _run(tmp_path, "grpo-arith", *RL, "actor.num_workers=2", "placement.groups.actor.slots=0-1",
-                           "placement.groups.actor.threads=1", "placement.groups.rollout.threads=1",
-                           "placement.mode=hybrid")
-    assert [r["iteration"] for r in records] == [0, 1, 2]
-    assert all(np.isfinite(r["train/loss_policy"]) for r in records[1:])
-    state = torch.load(sorted((tmp_path / "run" / "checkpoints").glob("iter_*"))[-1] / "actor.pt", weights_only=False)
-    assert len(state) == 2  # one shard per rank
-    local = [sum((t.to_local() if hasattr(t, "to_local") else t).numel() for t in s["policy"].values()) for s in state]
+def test_two_actor_ranks_shard_the_model_with_fsdp2_sync_full_weights_and_resume(tmp_path):
+    """FSDP2 over gloo: the gathered weights reach the rollout engine (checksum-verified every
+    iteration), checkpoints hold the full state (rank 0) whatever the rank count, and a stopped
+    run resumes on two ranks to the same values as an uninterrupted one."""
+    two = [*RL, "actor.num_workers=2", "placement.groups.actor.slots=0-1", "placement.groups.actor.threads=1",
+           "placement.groups.rollout.threads=1", "placement.mode=hybrid", "run.deterministic=true"]
+    _, whole = _run(tmp_path, "grpo-arith", *two, name="whole")
+    assert [r["iteration"] for r in whole] == [0, 1, 2]
+    assert all(np.isfinite(r["train/loss_policy"]) for r in whole[1:])
+    ckpt = sorted((tmp_path / "whole" / "checkpoints").glob("iter_*"))[-1]
+    state = torch.load(ckpt / "actor.pt", weights_only=False)
+    assert len(state) == 2 and "policy" in state[0] and "policy" not in state[1]  # gathered on rank 0
     import transformers
 
-    full = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model").state_dict().values())
-    assert local[0] < 0.75 * full and local[1] < 0.75 * full
+    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "whole" / "model").state_dict()
+    for k, v in exported.items():  # the export and the checkpoint hold the same full weights
+        torch.testing.assert_close(state[0]["policy"][f"model.{k}"], v, rtol=0, atol=0)
+    stopped = LLMRunner(_cfg("grpo-arith", *two), tmp_path / "part")
+    stopped.run(on_iteration=lambda r, rec: r.request_stop() if r.iteration == 1 else None)
+    LLMRunner(_cfg("grpo-arith", *two), tmp_path / "part", resume=True).run()
+    skip = ("time/", "throughput/", "wall_time", "peak_rss")
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith(skip)} for r in rs]  # noqa: E731
+    assert strip(read_metrics(tmp_path / "part")) == strip(whole)
 
 
 def test_a_reward_function_that_raises_scores_zero_is_counted_and_the_run_goes_on(tmp_path, monkeypatch):

@@ -87,7 +87,7 @@ class LMActorWorker(Worker):
         """The plain model's full state dict (gathered from every rank when sharded; LoRA
         adapters merged). Every rank must call it when the model is sharded."""
         self._ready()
-        if self.world_size > 1 and dist.is_initialized():
+        if self._sharded():
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -242,16 +242,42 @@ class LMActorWorker(Worker):
         sums.setdefault("grad_norm", []).append(float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
 
     # ------------------------------------------------------------------ checkpoints
+    def _sharded(self) -> bool:
+        return self.world_size > 1 and dist.is_initialized()
+
     def state(self) -> dict:
-        """Weights, optimizer and counters of this rank (its shard when sharded)."""
+        """Weights, optimizer and counters. Sharded, the full weights and optimizer state are
+        gathered onto rank 0 (the others return only their counters and random states), so a
+        checkpoint does not depend on how many ranks wrote it."""
         self._ready()
-        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "version": self.version,
-                "updates": self.updates, "rng": self.rng.bit_generator.state, "torch": torch.get_rng_state()}
+        out = {"version": self.version, "updates": self.updates, "rng": self.rng.bit_generator.state,
+               "torch": torch.get_rng_state()}
+        if self._sharded():
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+            model, optim = get_state_dict(self.policy, self.optimizer,
+                                          options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if self.rank == 0:
+                out.update(policy=model, optimizer=optim)
+            return out
+        out.update(policy=self.policy.state_dict(), optimizer=self.optimizer.state_dict())
+        return out
 
     def load_state(self, state: dict) -> None:
+        """Every rank calls it with its own part (sharded: rank 0's holds the full state, which is
+        broadcast and resharded)."""
         self._ready()
-        self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self._sharded():
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+            # ranks other than 0 pass their own (sharded) entries: set_state_dict takes an empty
+            # model dict for "optimizer only" and would skip the broadcast rank 0 is waiting in
+            set_state_dict(self.policy, self.optimizer, model_state_dict=state.get("policy") or self.policy.state_dict(),
+                           optim_state_dict=state.get("optimizer", {}),
+                           options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        else:
+            self.policy.load_state_dict(state["policy"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.version, self.updates = state["version"], state["updates"]
         self.rng.bit_generator.state = state["rng"]
         torch.set_rng_state(state["torch"])
