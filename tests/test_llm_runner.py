@@ -20,6 +20,7 @@ from rlweave.utils.metrics import read_metrics  # noqa: E402
 TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.num_kv_heads=2",
         "model.intermediate_size=64", "model.vocab_size=300", "run.progress=false", "run.tensorboard=false",
         "task.eval_prompts=16", "cluster.num_cpus=2"]
+LOCAL = ["cluster.local=true"]  # workers in this process (no Ray start): for tests of the workflow's logic
 RL = TINY + ["init.sft_recipe=null", "rollout.prompts_per_iteration=4", "algorithm.group_size=4", "rollout.max_new_tokens=4",
              "train.total_iterations=2", "train.eval_every=1", "train.checkpoint_every=1"]
 
@@ -75,7 +76,7 @@ def test_the_vllm_backend_names_its_extra_when_missing(tmp_path):
 
 # --------------------------------------------------------------------------- SFT
 def test_sft_lowers_the_loss_logs_eval_first_and_exports_a_loadable_model(tmp_path):
-    runner, records = _run(tmp_path, "sft-arith", *TINY, "train.total_updates=40", "train.updates_per_iteration=20",
+    runner, records = _run(tmp_path, "sft-arith", *TINY, *LOCAL, "train.total_updates=40", "train.updates_per_iteration=20",
                            "train.eval_every=1", "algorithm.minibatch_size=32")
     assert [r["iteration"] for r in records] == [0, 1, 2]
     assert set(records[0]) >= {"eval/accuracy", "eval/response_length"} and "train/loss_sft" not in records[0]
@@ -89,7 +90,7 @@ def test_sft_lowers_the_loss_logs_eval_first_and_exports_a_loadable_model(tmp_pa
 
 
 def test_stop_at_eval_ends_the_run_at_the_first_evaluation_reaching_it(tmp_path):
-    _, records = _run(tmp_path, "sft-arith", *TINY, "train.total_updates=100", "train.updates_per_iteration=5",
+    _, records = _run(tmp_path, "sft-arith", *TINY, *LOCAL, "train.total_updates=100", "train.updates_per_iteration=5",
                       "train.eval_every=2", "algorithm.minibatch_size=8", "train.stop_at_eval=0.0")
     assert [r["iteration"] for r in records] == [0, 1, 2]  # iteration 2's evaluation (>= 0.0) ends it
     assert records[-1]["updates"] == 10 and (tmp_path / "run" / "model" / "config.json").is_file()
@@ -141,7 +142,7 @@ def test_grpo_iterations_log_what_the_issue_names(tmp_path):
     ("async_ppo", ["placement.mode=disaggregated", "~placement.groups.actor", "~placement.groups.rollout"]),
 ])
 def test_every_llm_algorithm_trains(tmp_path, algo, extra):
-    runner, records = _run(tmp_path, "grpo-arith", *RL, f"algorithm.name={algo}", *extra)
+    runner, records = _run(tmp_path, "grpo-arith", *RL, *LOCAL, f"algorithm.name={algo}", *extra)
     assert [r["iteration"] for r in records] == [0, 1, 2]
     assert all(np.isfinite(r["train/loss_policy"]) for r in records[1:])
     if algo == "ppo":
@@ -194,7 +195,7 @@ def test_stopped_and_resumed_llm_run_matches_the_uninterrupted_one(tmp_path):
 
 
 def test_grpo_without_init_runs_the_sft_warm_up_into_a_sub_folder(tmp_path):
-    runner, records = _run(tmp_path, "grpo-arith", *TINY, "rollout.prompts_per_iteration=4", "algorithm.group_size=4",
+    runner, records = _run(tmp_path, "grpo-arith", *TINY, *LOCAL, "rollout.prompts_per_iteration=4", "algorithm.group_size=4",
                            "rollout.max_new_tokens=4", "train.total_iterations=1", "train.eval_every=1",
                            "init.sft_overrides=[" + ",".join(f"'{o}'" for o in (
                                "train.total_updates=10", "train.updates_per_iteration=10", "algorithm.minibatch_size=8",
@@ -236,7 +237,7 @@ def test_two_actor_ranks_shard_the_model_with_fsdp2_sync_full_weights_and_resume
 def test_a_reward_function_that_raises_scores_zero_is_counted_and_the_run_goes_on(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the rollout worker's reward process imports it too
-    _, records = _run(tmp_path, "grpo-arith", *RL, "task.reward_fn=llm_rewards:fails_on_odd", "train.total_iterations=1")
+    _, records = _run(tmp_path, "grpo-arith", *RL, *LOCAL, "task.reward_fn=llm_rewards:fails_on_odd", "train.total_iterations=1")
     r = records[1]
     assert 0.0 < r["train/reward_error_rate"] < 1.0
     # every response of a problem with an even first operand scores 1, the others 0
@@ -244,13 +245,13 @@ def test_a_reward_function_that_raises_scores_zero_is_counted_and_the_run_goes_o
 
 
 def test_lora_sft_then_grpo_with_a_kl_loss_against_the_adapter_free_base(tmp_path):
-    runner, sft = _run(tmp_path, "sft-arith", *TINY, "model.lora_rank=4", "train.total_updates=10",
+    runner, sft = _run(tmp_path, "sft-arith", *TINY, *LOCAL, "model.lora_rank=4", "train.total_updates=10",
                        "train.updates_per_iteration=10", "algorithm.minibatch_size=16", "algorithm.lr=0.01", name="sft")
     import transformers
 
     merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "sft" / "model")
     assert not any("lora" in k for k in merged.state_dict())  # exported with the adapters folded in
-    _, rl = _run(tmp_path, "grpo-arith", *RL, f"init.checkpoint={tmp_path / 'sft'}", "model.lora_rank=4",
+    _, rl = _run(tmp_path, "grpo-arith", *RL, *LOCAL, f"init.checkpoint={tmp_path / 'sft'}", "model.lora_rank=4",
                  "algorithm.kl_coef=0.1", "algorithm.kl_mode=loss", name="rl")
     assert rl[1]["train/kl"] == pytest.approx(0.0, abs=1e-6)  # adapters start at zero: policy == base
     assert "train/loss_kl" in rl[1] and np.isfinite(rl[2]["train/loss_policy"])
@@ -262,7 +263,7 @@ def test_jsonl_task_with_long_prompts_drops_or_truncates_them_and_counts(tmp_pat
     lines += [{"question": "Long question " + "word " * 40 + f"{i}?", "answer": f"\\boxed{{{i}}}"} for i in range(20)]
     lines = [lines[i // 2] if i % 2 == 0 else lines[20 + i // 2] for i in range(40)]  # short and long alternate
     data.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    common = [*RL, "task.name=jsonl_qa", f"task.train_file={data}", "task.test_fraction=0.2", "task.max_prompt_tokens=24",
+    common = [*RL, *LOCAL, "task.name=jsonl_qa", f"task.train_file={data}", "task.test_fraction=0.2", "task.max_prompt_tokens=24",
               "rollout.prompts_per_iteration=8", "train.total_iterations=1"]
     _, dropped = _run(tmp_path, "grpo-arith", *common, "task.prompt_overflow=drop", name="drop")
     _, cut = _run(tmp_path, "grpo-arith", *common, "task.prompt_overflow=truncate", name="cut")

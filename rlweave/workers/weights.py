@@ -8,6 +8,7 @@ equals the sender's.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,7 +71,9 @@ def bucket_tensors(buckets: list[WeightBucket]) -> list[tuple[str, torch.Tensor]
         offset = 0
         for name, shape in zip(b.names, b.shapes):
             size = int(np.prod(shape)) if shape else 1
-            t = torch.from_numpy(b.data[offset : offset + size]).reshape(shape)
+            with warnings.catch_warnings():  # object-store arrays are read-only; these views are only read
+                warnings.simplefilter("ignore", UserWarning)
+                t = torch.from_numpy(b.data[offset : offset + size]).reshape(shape)
             out.append((name, t.view(torch.bfloat16) if b.dtype == _BF16 else t))
             offset += size
     return out
