@@ -89,6 +89,22 @@ def test_sft_lowers_the_loss_logs_eval_first_and_exports_a_loadable_model(tmp_pa
     assert model.config.hidden_size == 32 and len(tok) <= 300
 
 
+def test_packed_sft_on_jsonl_learns_like_padded_sft(tmp_path):
+    data = tmp_path / "sft.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"What is {a} + {b}? Answer: ", "response": str(a + b)})
+                              for a in range(10, 40) for b in range(10, 14)) + "\n")
+    common = [*TINY, *LOCAL, f"data.path={data}", "train.total_updates=30", "train.updates_per_iteration=15",
+              "algorithm.minibatch_size=16", "train.eval_every=0", "algorithm.lr=0.003"]
+    _, padded = _run(tmp_path, "sft-arith", *common, name="padded")
+    _, packed = _run(tmp_path, "sft-arith", *common, "data.packing=true", "data.max_tokens=64", name="packed")
+    assert [r["iteration"] for r in packed] == [1, 2]  # no evaluation record: eval_every=0
+    # the same examples in the same order, so the same tokens and (up to float summation order) the same losses
+    assert [r["train/tokens"] for r in packed] == [r["train/tokens"] for r in padded]
+    for a, b in zip(padded, packed):
+        assert b["train/loss_sft"] == pytest.approx(a["train/loss_sft"], rel=1e-3)
+    assert packed[1]["train/loss_sft"] < packed[0]["train/loss_sft"]
+
+
 def test_stop_at_eval_ends_the_run_at_the_first_evaluation_reaching_it(tmp_path):
     _, records = _run(tmp_path, "sft-arith", *TINY, *LOCAL, "train.total_updates=100", "train.updates_per_iteration=5",
                       "train.eval_every=2", "algorithm.minibatch_size=8", "train.stop_at_eval=0.0")

@@ -218,7 +218,8 @@ class LMActorWorker(Worker):
         self._ready()
         self.policy.train()
         ids = _tensor(batch["input_ids"], dtype=torch.long, device=self.device)
-        attn = _tensor(batch["attention_mask"], dtype=torch.long, device=self.device)
+        packed = np.asarray(batch["attention_mask"]).ndim == 4  # a block-diagonal causal mask: keep it boolean
+        attn = _tensor(batch["attention_mask"], dtype=torch.bool if packed else torch.long, device=self.device)
         target = _tensor(batch["target_mask"], dtype=torch.bool, device=self.device)[:, 1:]
         pos = batch.get("position_ids")
         out = self.policy(ids, attn, with_entropy=False, position_ids=None if pos is None else _tensor(pos, device=self.device))
