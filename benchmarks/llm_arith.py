@@ -4,7 +4,7 @@ Per seed, the ``sft-arith`` warm-up runs once (``rlweave train sft-arith``); the
 (``grpo-arith`` first, then e.g. ``dapo-arith``, ``reinforcepp-arith``) starts from that
 warm-up's model (``init.checkpoint``), each in its own process with its own embedded Ray, one after
 the other, so every algorithm starts from identical weights. Reported per run, from the runs'
-metrics.jsonl (greedy answers to the same 200 held-out problems every time):
+metrics.jsonl (greedy answers to the same held-out problems every time: task.eval_prompts, 400 in grpo-arith):
 
   * accuracy before the first RL update (iteration 0, i.e. after SFT);
   * the best and the last accuracy within ``--budget-s`` seconds of RL wall time (the run's own
@@ -84,7 +84,7 @@ def plot(results: list[dict], path: str, budget_s: float) -> None:
         ax.plot(t, a, color=c, alpha=0.85, label=r["recipe"] if r["seed"] == min(x["seed"] for x in results if x["recipe"] == r["recipe"]) else None)
     ax.axvline(budget_s, color="grey", ls=":", lw=1)
     ax.set_xlabel("RL wall time (s; SFT warm-up excluded)")
-    ax.set_ylabel("held-out accuracy (greedy, 200 problems)")
+    ax.set_ylabel("held-out accuracy (greedy, task.eval_prompts problems)")
     ax.set_title("2-digit addition after SFT: one line per seed")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
