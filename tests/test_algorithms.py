@@ -292,7 +292,8 @@ def test_registry_unknown_names_list_known_ones_on_one_line():
         get_algorithm("ppx")
     msg = str(err.value)
     assert msg == f"unknown algorithm 'ppx'; known: {', '.join(sorted(ALGORITHMS))}"
-    assert "crossq, dagger, grpo, hg_dagger, iql, offline_bc, ppo, rlpd, sac" in msg and "\n" not in msg
+    assert "crossq, dagger, dapo, grpo, hg_dagger, iql, offline_bc, ppo, reinforce_pp, reinforce_pp_baseline, rlpd, sac, sft" in msg
+    assert "\n" not in msg
     with pytest.raises(KeyError, match=r"^unknown advantage estimator 'gea'; known: .*gae, grpo"):
         get_advantage_estimator("gea")
     with pytest.raises(KeyError, match=r"^unknown policy loss 'pop'; known: .*ppo"):
