@@ -65,7 +65,6 @@ def test_sft_data_line_without_field_names_the_line(tmp_path):
 
 
 def test_the_vllm_backend_names_its_extra_when_missing(tmp_path):
-    pytest.importorskip  # noqa: B018 - documents the branch; vllm is an optional extra
     import importlib.util
 
     if importlib.util.find_spec("vllm") is not None:

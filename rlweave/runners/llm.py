@@ -238,9 +238,6 @@ class LLMRunner(RunnerBase):
             tmp.rename(path)
         return str(path)
 
-    def _derived(self) -> dict:
-        return self.plan.as_dict()
-
     def _sync_weights(self) -> float:
         """Every actor rank takes part (a sharded model is gathered); rank 0's packet goes to every
         rollout engine, accepted only when each engine's checksum equals the actor's."""
@@ -270,14 +267,9 @@ class LLMRunner(RunnerBase):
                 kept.append(Prompt(p.id, self.tokenizer.decode(ids[-limit:]), p.answer, p.meta))
         return kept, dropped, truncated
 
-    def _split(self, items: list, n: int) -> list[list]:
-        k, r = divmod(len(items), n)
-        out, s = [], 0
-        for i in range(n):
-            e = s + k + (i < r)
-            out.append(items[s:e])
-            s = e
-        return out
+    @staticmethod
+    def _split(items: list, n: int) -> list[list]:
+        return [items[s] for s in _row_slices(len(items), n)]
 
     def _issue_generation(self, it: int, rounds: int = 0):
         """Draws this iteration's prompts (seeded by run, iteration and round) and sends each

@@ -57,9 +57,11 @@ class LMActorWorker(Worker):
         self.policy = CausalLMPolicy(self.model, value_head=self.spec.uses_critic)
         self.policy.to(self.device)
         self.temperature = float(temperature)  # the rollout's: log-probs are scored under the same distribution
+        # the reference model for KL: a frozen copy, or under LoRA the base with its adapters off
+        self.use_ref = self.spec.kind != "offline" and algo_cfg.get("kl_coef", 0.0) > 0
         self.ref = None
-        if self.spec.kind != "offline" and algo_cfg.get("kl_coef", 0.0) > 0 and not self.lora:
-            self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)  # LoRA: the base with adapters off
+        if self.use_ref and not self.lora:
+            self.ref = CausalLMPolicy(copy.deepcopy(self.model).eval().requires_grad_(False))
         self.optimizer: torch.optim.Optimizer | None = None  # built after sharding (FSDP2 swaps parameters)
         self.version = 0
         self.updates = 0
@@ -130,7 +132,7 @@ class LMActorWorker(Worker):
             out.append(o["logprobs"])
             if "values" in o:
                 values.append(o["values"])
-            if self.ref is not None or (self.lora and self.cfg.get("kl_coef", 0.0) > 0):
+            if self.use_ref:
                 ref.append(self._ref_logprobs(ids[s], attn[s], resp_len[s], width))
         result = {"logprobs": torch.cat(out).float().cpu().numpy()}
         if ref:
@@ -141,14 +143,10 @@ class LMActorWorker(Worker):
 
     def _ref_logprobs(self, ids, attn, resp_len, width):
         if self.ref is not None:
-            ref_policy = CausalLMPolicy(self.ref)
-            return self._view(ref_policy(ids, attn, with_entropy=False, temperature=self.temperature)["logprobs"], resp_len, width)
+            out = self.ref(ids, attn, with_entropy=False, temperature=self.temperature)["logprobs"]
+            return response_view(out, resp_len, width)
         with self.model.disable_adapter():  # LoRA: the frozen base is the reference
             return self._forward(ids, attn, resp_len, width, with_entropy=False)["logprobs"]
-
-    @staticmethod
-    def _view(x, resp_len, width):
-        return response_view(x, resp_len, width)
 
     def update(self, batch: dict, lr_scale: float = 1.0, importance_correction: bool = False) -> dict:
         """The algorithm's epochs of minibatch updates on this rank's rows. ``batch`` holds the

@@ -101,12 +101,11 @@ class LMRolloutWorker(Worker):
 
     def _evaluate(self, prompts: list[Prompt]) -> dict:
         if not prompts:  # more workers than held-out prompts
-            return {"correct": 0, "n": 0, "response_tokens": 0, "samples": []}
+            return {"correct": 0, "n": 0, "response_tokens": 0}
         gen = self.generator.generate([p.text for p in prompts], n=1, seed=0, greedy=True)
         texts = self.generator.decode(gen)
         correct = [self.task.reward(p, t) > 0 for p, t in zip(prompts, texts)]
-        return {"correct": int(sum(correct)), "n": len(prompts), "response_tokens": sum(len(r) for r in gen.response_ids),
-                "samples": [(p.text, t, p.answer) for p, t in list(zip(prompts, texts))[:3]]}
+        return {"correct": int(sum(correct)), "n": len(prompts), "response_tokens": sum(len(r) for r in gen.response_ids)}
 
     def _failures(self) -> int:
         return 0 if self.reward_fn is None else self.reward_fn.errors + self.reward_fn.timeouts
