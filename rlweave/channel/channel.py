@@ -489,7 +489,16 @@ class RayChannel(Channel):
         try:
             ray.kill(self._actor, no_restart=True)
         except Exception:
-            pass
+            return
+        # ray.kill returns before the actor is gone: wait for it, so that no other handle's call
+        # can still be served (and get an item) after close() returned
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            try:
+                ray.get(self._actor.ping.remote(), timeout=1.0)
+            except Exception:  # noqa: BLE001 - the actor is dead: closed
+                return
+            time.sleep(0.01)
 
     # ---------------------------------------------------------------- async API
     async def aput(
