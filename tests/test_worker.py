@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import time
 
@@ -187,6 +188,25 @@ def test_colocated_group_shares_host_processes(cluster, group):
     finally:
         other.hosts = []  # shared hosts belong to `group`
 
+
+
+def test_death_of_a_shared_process_names_every_group_it_hosted(cluster):
+    first = WorkerGroup(Probe, two_slots("first"), cluster, args=(0,))
+    second = WorkerGroup(Other, two_slots("second"), cluster, args=("x",), colocate_with=first)
+    try:
+        os.kill(first.host_info("pid")[1], 9)
+        with pytest.raises(WorkerError) as info:
+            second.run("pid")
+        assert (info.value.group, info.value.rank, info.value.process_died) == ("second", 1, True)
+        assert re.fullmatch(r"worker second\[rank 1\] failed in pid\(\): worker process died "
+                            r"\(Actor\w+Error; the process also hosted first\[rank 1\]\)", info.value.short)
+        with pytest.raises(WorkerError, match=r"^worker first\[rank 1\] .* also hosted second\[rank 1\]\)$"):
+            first.run("add", 0)
+        # rank 0's process is alive and its calls still answer
+        assert second.run("who", ranks=[0]) == [("x", "second", 0, 2)]
+    finally:
+        second.hosts = []
+        first.shutdown()
 
 def test_colocating_needs_identical_slots(cluster, group):
     with pytest.raises(ValueError, match=r"placement.groups.other: colocating with 'probe' needs identical slots"):

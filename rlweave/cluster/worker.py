@@ -236,8 +236,9 @@ def _last_line(text: str) -> str:
 class Handle:
     """Result of a group call: ``wait()`` returns one result per called rank, in rank order."""
 
-    def __init__(self, group: str, method: str, ranks: list[int], pending: list):
+    def __init__(self, group: str, method: str, ranks: list[int], pending: list, host_groups: Sequence[str] = ()):
         self.group, self.method, self.ranks = group, method, ranks
+        self.host_groups = host_groups  # every group living in these host processes (fused groups)
         self._pending = pending  # ObjectRefs (Ray) or Futures (local)
         self._results: list | None = None
         self.durations: list[float] = []
@@ -282,7 +283,10 @@ class Handle:
             detail = repr(inner) if inner is not None else _last_line(str(e))
             raise WorkerError(self.group, rank, self.method, detail) from None
         except ray.exceptions.RayActorError as e:
-            raise WorkerError(self.group, rank, self.method, f"{PROCESS_DIED} ({type(e).__name__})") from None
+            # which call notices a dead process first is a race between the groups it hosted: name them all
+            others = [f"{g}[rank {rank}]" for g in self.host_groups if g != self.group]
+            also = f"; the process also hosted {', '.join(others)}" if others else ""
+            raise WorkerError(self.group, rank, self.method, f"{PROCESS_DIED} ({type(e).__name__}{also})") from None
 
     def __await__(self):
         async def _collect():
@@ -367,8 +371,11 @@ class WorkerGroup:
                     f"placement.groups.{self.name}: colocating with '{colocate_with.name}' needs identical slots"
                 )
             self.hosts = colocate_with.hosts
+            self.host_groups = colocate_with.host_groups  # shared, so both groups' errors name both
+            self.host_groups.append(self.name)
         else:
             self.hosts = [self._start_host(placement.slots[r], placement) for r in range(n)]
+            self.host_groups = [self.name]
         contexts = [self._context(r, placement) for r in range(n)]
         kwargs = dict(kwargs or {})
         try:
@@ -392,7 +399,7 @@ class WorkerGroup:
         ranks = list(range(self.world_size)) if ranks is None else list(ranks)
         self._check_method(method)
         pending = [self._host_call(self.hosts[r], "run", self.name, method, args, kwargs) for r in ranks]
-        return Handle(self.name, method, ranks, pending)
+        return Handle(self.name, method, ranks, pending, self.host_groups)
 
     def call_each(self, method: str, per_rank_args: Sequence[tuple], ranks: Sequence[int] | None = None) -> Handle:
         """Runs ``method(*per_rank_args[i])`` on rank ``ranks[i]`` (default: rank i)."""
@@ -401,7 +408,7 @@ class WorkerGroup:
             raise ValueError(f"{self.name}.{method}: {len(per_rank_args)} argument sets for {len(ranks)} ranks")
         self._check_method(method)
         pending = [self._host_call(self.hosts[r], "run", self.name, method, tuple(a), {}) for r, a in zip(ranks, per_rank_args)]
-        return Handle(self.name, method, ranks, pending)
+        return Handle(self.name, method, ranks, pending, self.host_groups)
 
     def run(self, method: str, *args, **kwargs) -> list:
         """``call(...).wait()``: the results of every rank."""
@@ -457,6 +464,8 @@ class WorkerGroup:
         refs = [self._host_call(h, "remove_worker", self.name) for h in self.hosts]
         if refs:
             Handle(self.name, "detach", list(range(len(refs))), refs).wait()
+        if self.name in self.host_groups:
+            self.host_groups.remove(self.name)
         self.hosts = []
 
     def shutdown(self) -> None:
