@@ -14,7 +14,9 @@ from rlweave.models.causal_lm import (  # noqa: E402
     apply_lora,
     build_causal_lm,
     merge_lora,
+    response_batch,
     save_pretrained,
+    select_rows,
     token_logprobs,
     train_tokenizer,
 )
@@ -59,6 +61,38 @@ def test_logprobs_entropy_and_values(tokenizer):
     assert torch.allclose(out["entropy"], -(p * p.log()).sum(-1), atol=1e-4)
     assert out["values"].shape == ids[:, 1:].shape and torch.all(out["values"] == 0)  # zero-initialised head
     assert torch.allclose(token_logprobs(logits.bfloat16(), ids[:, 1:]), expected, atol=0.1)  # float32 math on bf16 input
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_shared_prompt_scoring_equals_full_rows_in_values_and_gradients(tokenizer, arch):
+    policy = CausalLMPolicy(build_causal_lm(len(tokenizer), arch=arch, hidden_size=32, intermediate_size=64, seed=3),
+                            value_head=True)
+    torch.nn.init.normal_(policy.value_head.weight)
+    prompts = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in ArithmeticTask().prompts("train", 3, seed=1)]
+    g = torch.Generator().manual_seed(0)
+    rows_p = [prompts[i // 3] for i in range(9)]  # three responses of lengths 1..6 to each of three prompts
+    rows_r = [torch.randint(5, len(tokenizer), (int(torch.randint(1, 7, (1,), generator=g)),), generator=g).tolist()
+              for _ in range(9)]
+    batch = {k: torch.as_tensor(v) for k, v in response_batch(rows_p, rows_r, tokenizer.pad_token_id).items()}
+    assert batch["prompt_ids"].shape[0] == 3 and batch["prompt_index"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert batch["response_ids"].shape == (9, max(len(r) for r in rows_r))
+    weights = torch.arange(1.0, 10.0)[:, None]
+    out = policy.forward_responses(**batch, temperature=0.7)
+    ((out["logprobs"] + out["values"]) * weights).sum().backward()
+    shared = {n: p.grad.clone() for n, p in policy.named_parameters()}
+    policy.zero_grad()
+    for i, (p, r) in enumerate(zip(rows_p, rows_r)):
+        ids = torch.tensor([p + r])
+        alone = policy(ids, torch.ones_like(ids), temperature=0.7)
+        for key in ("logprobs", "entropy", "values"):
+            assert torch.allclose(out[key][i, : len(r)], alone[key][0, -len(r):], atol=1e-5), (key, i)
+            assert torch.all(out[key][i, len(r):] == 0)  # past the row's end
+        ((alone["logprobs"][0, -len(r):] + alone["values"][0, -len(r):]) * weights[i]).sum().backward()
+    for name, param in policy.named_parameters():  # the prompt positions get their gradient through the shared keys
+        assert (shared[name] - param.grad).norm() <= 1e-5 * param.grad.norm(), name
+    part = select_rows(batch, torch.tensor([7, 1, 2]))  # a minibatch: only its prompts, re-indexed
+    assert part["prompt_ids"].shape[0] == 2 and part["prompt_index"].tolist() == [1, 0, 0]
+    assert torch.equal(part["response_ids"], batch["response_ids"][[7, 1, 2]])
 
 
 def test_left_padded_batch_scores_each_sequence_as_alone(tokenizer):

@@ -16,7 +16,7 @@ from vllm.platforms import current_platform  # noqa: E402
 
 from rlweave.envs.text_tasks import ArithmeticTask  # noqa: E402
 from rlweave.models import state_dict_checksum  # noqa: E402
-from rlweave.models.causal_lm import CausalLMPolicy, build_causal_lm, pack_sequences, train_tokenizer  # noqa: E402
+from rlweave.models.causal_lm import CausalLMPolicy, build_causal_lm, response_batch, train_tokenizer  # noqa: E402
 from rlweave.workers.generation import HFGenerator  # noqa: E402
 from rlweave.workers.vllm_generation import VLLMGenerator  # noqa: E402
 from rlweave.workers.weights import pack_state  # noqa: E402
@@ -98,10 +98,10 @@ def test_sampling_is_seeded_and_grouped(qwen3, tok):
 
 
 def trainer_logprobs(model, out, pad_id: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    ids, attn, resp = pack_sequences(out.prompt_ids, out.response_ids, pad_id)
+    b = {k: torch.as_tensor(v) for k, v in response_batch(out.prompt_ids, out.response_ids, pad_id).items()}
     with torch.no_grad():
-        lp = CausalLMPolicy(model)(ids, attn, with_entropy=False, temperature=temperature)["logprobs"]
-    return lp[resp[:, 1:]], torch.tensor([x for row in out.logprobs for x in row])
+        lp = CausalLMPolicy(model).forward_responses(**b, with_entropy=False, temperature=temperature)["logprobs"]
+    return lp[torch.arange(lp.shape[1])[None, :] < b["resp_len"][:, None]], torch.tensor([x for row in out.logprobs for x in row])
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

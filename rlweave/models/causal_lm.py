@@ -7,6 +7,8 @@ from a local checkpoint folder with ``from_pretrained`` (the path users take wit
 * :func:`build_causal_lm`: a Qwen2/Qwen3/Llama model of a given size with random weights.
 * :class:`CausalLMPolicy`: the training-side wrapper: per-token log-probabilities of the response
   tokens, their entropy, and an optional value head (PPO's token-level critic).
+  ``forward_responses`` scores a batch of responses with every distinct prompt encoded once
+  (GRPO's n responses per prompt share one prompt pass; see :func:`response_batch`).
 * :func:`apply_lora` / :func:`merge_lora`: LoRA adapters through ``peft``.
 
 ``transformers`` (and ``peft`` for LoRA) are the ``llm`` extra; importing rlweave never needs them.
@@ -14,14 +16,16 @@ from a local checkpoint folder with ``from_pretrained`` (the path users take wit
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Iterable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 __all__ = ["require_transformers", "train_tokenizer", "load_tokenizer", "build_causal_lm", "load_causal_lm",
-           "CausalLMPolicy", "token_logprobs", "pack_sequences", "apply_lora", "merge_lora", "merged_state_dict",
+           "CausalLMPolicy", "token_logprobs", "cache_argument", "response_batch", "select_rows", "apply_lora", "merge_lora", "merged_state_dict",
            "save_pretrained"]
 
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>")
@@ -112,6 +116,13 @@ def load_causal_lm(spec: dict, vocab_size: int, seed: int = 0, tokenizer=None):
     return model
 
 
+def cache_argument(model: nn.Module) -> str:
+    """The keyword a model's forward takes its KV cache by: ``cache`` from transformers 5.24,
+    ``past_key_values`` before (the vLLM extra pins an older transformers)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+
+
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
     """``log softmax(logits)[..., token]``: ``logits`` [B, T, V], ``tokens`` [B, T] -> [B, T], in
     float32 whatever the logits' dtype (log-prob differences of bf16 logits are too coarse)."""
@@ -158,23 +169,88 @@ class CausalLMPolicy(nn.Module):
             result["values"] = self.value_head(out.hidden_states[-1][:, :-1]).squeeze(-1)
         return result
 
+    def forward_responses(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor, response_ids: Tensor,
+                          resp_len: Tensor, with_entropy: bool = True, entropy_grad: bool = True,
+                          temperature: float = 1.0) -> dict[str, Tensor]:
+        """Response-aligned ``logprobs``, ``entropy`` and ``values`` [B, R] (column j: response
+        token j; 0 past a row's end) of a :func:`response_batch`.
 
-def pack_sequences(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], pad_id: int
-                   ) -> tuple[Tensor, Tensor, Tensor]:
-    """Prompt + response per row, left-padded to one width: ``(input_ids, attention_mask,
-    response_mask)``, all [B, W]. The log-prob of response token t is ``logprobs[:, t - 1]`` of
-    :class:`CausalLMPolicy`, i.e. ``logprobs[response_mask[:, 1:]]`` in order."""
-    rows = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(rows), width), dtype=torch.long)
-    resp = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, (row, r) in enumerate(zip(rows, response_ids)):
-        ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
-        attn[i, width - len(row):] = 1
-        if len(r):
-            resp[i, width - len(r):] = True
-    return ids, attn, resp
+        The distinct prompts go through the model once; their keys and values are then gathered
+        per row and the responses attend to them, so a group of n responses costs one prompt pass
+        plus n response passes (the same numbers as n full rows, up to float rounding, and the
+        gradient reaches the prompt positions through the gathered keys and values). Only
+        response positions reach the LM head. ``entropy_grad=False`` computes the entropy for
+        logging only (no graph through the softmax when no entropy bonus is trained)."""
+        from transformers import DynamicCache
+
+        B, R = response_ids.shape
+        hidden_wanted = self.value_head is not None
+        pos = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+        cache, kw = DynamicCache(), cache_argument(self.model)
+        first = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos, **{kw: cache},
+                           use_cache=True, logits_to_keep=1, output_hidden_states=hidden_wanted)
+        logits = first.logits[:, -1:][prompt_index]  # predicts response token 0
+        hidden = first.hidden_states[-1][:, -1:][prompt_index] if hidden_wanted else None
+        if R > 1:  # response tokens 0..R-2 predict tokens 1..R-1, attending to their prompt's cache
+            rows = DynamicCache()
+            for layer_idx, layer in enumerate(cache.layers):
+                rows.update(layer.keys[prompt_index], layer.values[prompt_index], layer_idx)
+            mask = torch.cat([prompt_mask[prompt_index], prompt_mask.new_ones(B, R - 1)], 1)
+            rpos = pos[prompt_index, -1:] + torch.arange(1, R, device=pos.device)
+            rest = self.model(input_ids=response_ids[:, :-1], attention_mask=mask, position_ids=rpos, **{kw: rows},
+                              use_cache=True, output_hidden_states=hidden_wanted)
+            logits = torch.cat([logits, rest.logits], 1)
+            if hidden_wanted:
+                hidden = torch.cat([hidden, rest.hidden_states[-1]], 1)
+        if temperature != 1.0:
+            logits = logits / temperature
+        valid = torch.arange(R, device=resp_len.device)[None, :] < resp_len[:, None]
+        zero = torch.zeros((), device=logits.device)
+        result = {"logprobs": torch.where(valid, token_logprobs(logits, response_ids), zero)}
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                logp = torch.log_softmax((logits if entropy_grad else logits.detach()).float(), -1)
+                result["entropy"] = torch.where(valid, -(logp.exp() * logp).sum(-1), zero)
+        if hidden_wanted:
+            result["values"] = torch.where(valid, self.value_head(hidden).squeeze(-1), zero)
+        return result
+
+
+def response_batch(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], pad_id: int
+                   ) -> dict[str, np.ndarray]:
+    """Responses and their prompts as arrays, each distinct prompt stored once.
+
+    Returns ``prompt_ids`` / ``prompt_mask`` [U, P] (the U distinct prompts, left-padded),
+    ``prompt_index`` [B] (row -> its prompt), ``response_ids`` [B, R] (right-padded) and
+    ``resp_len`` [B]. With n responses per prompt the prompt tokens are scored once per prompt,
+    not once per response (:meth:`CausalLMPolicy.forward_responses`)."""
+    index: dict[tuple, int] = {}
+    prompt_index = np.array([index.setdefault(tuple(p), len(index)) for p in prompt_ids], dtype=np.int64)
+    prompts = list(index)
+    P = max(1, max(len(p) for p in prompts))
+    R = max(1, max(len(r) for r in response_ids))
+    ids = np.full((len(prompts), P), pad_id, dtype=np.int64)
+    mask = np.zeros((len(prompts), P), dtype=np.int64)
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p):], mask[i, P - len(p):] = p, 1
+    resp = np.full((len(response_ids), R), pad_id, dtype=np.int64)
+    for i, r in enumerate(response_ids):
+        resp[i, : len(r)] = r
+    return {"prompt_ids": ids, "prompt_mask": mask, "prompt_index": prompt_index, "response_ids": resp,
+            "resp_len": np.array([len(r) for r in response_ids], dtype=np.int64)}
+
+
+def select_rows(batch: dict, rows) -> dict:
+    """The rows ``rows`` of a :func:`response_batch` (numpy arrays or tensors) with only the
+    prompts they use, re-indexed. Row-aligned entries ([B, ...]) other than the response batch's
+    own are selected too."""
+    lib = torch if isinstance(batch["prompt_index"], Tensor) else np
+    B = len(batch["prompt_index"])
+    used, inverse = lib.unique(batch["prompt_index"][rows], return_inverse=True)
+    out = {k: v[rows] for k, v in batch.items() if k not in ("prompt_ids", "prompt_mask") and hasattr(v, "shape")
+           and len(v.shape) and v.shape[0] == B}
+    out.update(prompt_ids=batch["prompt_ids"][used], prompt_mask=batch["prompt_mask"][used], prompt_index=inverse)
+    return out
 
 
 def apply_lora(model: nn.Module, r: int = 8, alpha: int = 16, dropout: float = 0.0,

@@ -31,6 +31,7 @@ from rlweave.algorithms.llm import dynamic_sampling_mask, kl_penalty, overlong_p
 from rlweave.cluster import Cluster, WorkerGroup, make_plan
 from rlweave.config import ConfigError
 from rlweave.envs.text_tasks import Prompt, TaskDataError, make_task
+from rlweave.models.causal_lm import response_batch, select_rows
 from rlweave.runners.common import RunnerBase, algorithm_for_runner
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace
 
@@ -447,42 +448,33 @@ class LLMRunner(RunnerBase):
         return groups, dropped, truncated, 1
 
     def _assemble(self, groups: list[dict]) -> dict:
-        """Rows of prompt + response ids (left-padded) and response-aligned [B, R] tensors."""
+        """The groups' rows as one response batch (each prompt once) plus response-aligned [B, R]
+        behaviour log-probs and the per-row facts the update and the metrics need."""
         rows = [r for g in groups for r in g["rows"]]
-        pad = self.tokenizer.pad_token_id
-        seqs = [r["prompt_ids"] + r["response_ids"] for r in rows]
-        W = max(len(s) for s in seqs)
-        R = max(1, max(len(r["response_ids"]) for r in rows))
-        B = len(rows)
-        ids = np.full((B, W), pad, dtype=np.int64)
-        attn = np.zeros((B, W), dtype=np.int64)
+        batch = response_batch([r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows], self.tokenizer.pad_token_id)
+        B, R = batch["response_ids"].shape
         behaviour = np.zeros((B, R), dtype=np.float32)
-        for i, (s, r) in enumerate(zip(seqs, rows)):
-            ids[i, W - len(s):], attn[i, W - len(s):] = s, 1
+        for i, r in enumerate(rows):
             behaviour[i, : len(r["logprobs"])] = r["logprobs"]
-        resp_len = np.array([len(r["response_ids"]) for r in rows], dtype=np.int64)
+        resp_len = batch["resp_len"]
         return {
-            "input_ids": ids, "attention_mask": attn, "resp_len": resp_len, "width": R,
-            "mask": np.arange(R)[None, :] < resp_len[:, None], "behaviour_logprobs": behaviour,
+            **batch, "mask": np.arange(R)[None, :] < resp_len[:, None], "behaviour_logprobs": behaviour,
             "rewards": np.array([r["reward"] for r in rows], dtype=np.float32),
             "group": np.array([gi for gi, g in enumerate(groups) for _ in g["rows"]], dtype=np.int64),
             "finished": np.array([r["finished"] for r in rows]), "gen_version": np.array([r["version"] for r in rows]),
-            "reward_failures": sum(g["reward_failures"] for g in groups), "width_tokens": np.array([len(s) for s in seqs]),
+            "reward_failures": sum(g["reward_failures"] for g in groups),
+            "width_tokens": np.array([len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows]),
             "time_generate": sum(g["time_generate"] for g in groups),
             "informative_groups": sum(g["informative"] for g in groups),
         }
 
-    _ROW_KEYS = ("input_ids", "attention_mask", "resp_len", "rollout_logprobs", "advantages", "old_logprobs",
-                 "ref_logprobs", "old_values", "returns")
+    _ROW_KEYS = ("prompt_ids", "prompt_mask", "prompt_index", "response_ids", "resp_len", "rollout_logprobs", "advantages",
+                 "old_logprobs", "ref_logprobs", "old_values", "returns")
 
     def _per_rank(self, method: str, batch: dict, *args) -> list:
-        """``method`` on every actor rank with its contiguous share of the rows."""
-        n_act = self.actor.world_size
-        shards = []
-        for s in _row_slices(len(batch["input_ids"]), n_act):
-            shard = {k: batch[k][s] for k in self._ROW_KEYS if k in batch}
-            shard["width"] = batch["width"]
-            shards.append((shard, *args))
+        """``method`` on every actor rank with its contiguous share of the rows (and their prompts)."""
+        rows = {k: batch[k] for k in self._ROW_KEYS if k in batch}
+        shards = [(select_rows(rows, s), *args) for s in _row_slices(len(batch["resp_len"]), self.actor.world_size)]
         return self.actor.call_each(method, shards).wait()
 
     def _score_rows(self, batch: dict) -> dict:

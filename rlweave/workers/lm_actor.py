@@ -1,7 +1,8 @@
 """Language-model actor worker: scores and trains a causal LM policy.
 
-The driver hands each rank its share of the iteration's batch (rows of prompt + response token
-ids) twice: ``score`` returns the trainer's log-probs of the response tokens under the current
+The driver hands each rank its share of the iteration's batch (a
+:func:`~rlweave.models.causal_lm.response_batch`: the distinct prompts once, the responses as
+rows) twice: ``score`` returns the trainer's log-probs of the response tokens under the current
 weights (the PPO anchor; compared with the rollout's to measure the train-inference mismatch), the
 reference model's (for KL) and the critic's values; ``update`` then runs the algorithm's epochs of
 minibatch updates with the advantages the driver computed. ``sft_update`` is supervised
@@ -12,6 +13,7 @@ every decoder layer and the root; gloo on CPU, NCCL on GPU): each rank holds a s
 parameters and optimizer state, gradients are reduce-scattered, and ``export_weights`` gathers the
 full state dict for the rollout engines. Every per-token tensor crossing the process boundary is
 *response-aligned* ``[B, R]``: response token j of row i at column j, like the rollout's log-probs.
+Each distinct prompt goes through the model once per pass, however many responses share it.
 """
 
 from __future__ import annotations
@@ -29,21 +31,11 @@ from rlweave.algorithms.llm import llm_policy_loss, sft_loss
 from rlweave.algorithms.losses import total_loss
 from rlweave.cluster import Worker
 from rlweave.models.causal_lm import (CausalLMPolicy, load_causal_lm, load_tokenizer, merged_state_dict, require_transformers,
-                                      save_pretrained)
+                                      save_pretrained, select_rows)
 from rlweave.utils.memory import peak_rss_mb
 from rlweave.workers.weights import WeightPacket, pack_state, share_packet
 
-__all__ = ["LMActorWorker", "response_view"]
-
-
-def response_view(x: torch.Tensor, resp_len: torch.Tensor, width: int) -> torch.Tensor:
-    """Per-position values ``x`` [B, W-1] of left-padded prompt+response rows (position t-1
-    scores token t) -> response-aligned [B, width]: column j is response token j (0 past the end)."""
-    W1 = x.shape[1]
-    j = torch.arange(width, device=x.device)
-    idx = (W1 - resp_len[:, None] + j[None, :]).clamp(max=W1 - 1)
-    valid = j[None, :] < resp_len[:, None]
-    return torch.where(valid, torch.gather(x, 1, idx), torch.zeros((), dtype=x.dtype, device=x.device))
+__all__ = ["LMActorWorker"]
 
 
 class LMActorWorker(Worker):
@@ -72,11 +64,12 @@ class LMActorWorker(Worker):
         if self.optimizer is not None:
             return
         if self.world_size > 1 and dist.is_initialized():
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
             for layer in self.model.get_decoder().layers if hasattr(self.model, "get_decoder") else []:
                 fully_shard(layer)
             fully_shard(self.policy)
+            register_fsdp_forward_method(self.policy, "forward_responses")  # the root's hooks run for it too
         params = [p for p in self.policy.parameters() if p.requires_grad]
         critic = [p for n, p in self.policy.named_parameters() if n.startswith("value_head") and p.requires_grad]
         actor = [p for p in params if all(p is not c for c in critic)]
@@ -107,17 +100,17 @@ class LMActorWorker(Worker):
         return share_packet(pack_state(state, self.version))
 
     # ------------------------------------------------------------------ batches
-    def _tensors(self, batch: dict):
-        ids = _tensor(batch["input_ids"], dtype=torch.long, device=self.device)
-        attn = _tensor(batch["attention_mask"], dtype=torch.long, device=self.device)
-        resp_len = _tensor(batch["resp_len"], dtype=torch.long, device=self.device)
-        width = int(batch["width"])
-        mask = torch.arange(width, device=self.device)[None, :] < resp_len[:, None]
-        return ids, attn, resp_len, width, mask
+    _RESPONSE_KEYS = ("prompt_ids", "prompt_mask", "prompt_index", "response_ids", "resp_len")
 
-    def _forward(self, ids, attn, resp_len, width, with_entropy=True):
-        out = self.policy(ids, attn, with_entropy=with_entropy, temperature=self.temperature)
-        return {k: response_view(v, resp_len, width) for k, v in out.items()}
+    def _tensors(self, batch: dict) -> tuple[dict, torch.Tensor]:
+        """The response batch as tensors, and its response mask [B, R]."""
+        rows = {k: _tensor(batch[k], dtype=torch.long, device=self.device) for k in self._RESPONSE_KEYS}
+        width = rows["response_ids"].shape[1]
+        return rows, torch.arange(width, device=self.device)[None, :] < rows["resp_len"][:, None]
+
+    def _forward(self, rows: dict, with_entropy: bool = True, entropy_grad: bool = True, policy=None) -> dict:
+        return (policy or self.policy).forward_responses(**rows, with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                                         temperature=self.temperature)
 
     @torch.no_grad()
     def score(self, batch: dict) -> dict:
@@ -125,15 +118,16 @@ class LMActorWorker(Worker):
         rows, response-aligned numpy [B, R]."""
         self._ready()
         self.policy.eval()
-        ids, attn, resp_len, width, _ = self._tensors(batch)
+        rows, _ = self._tensors(batch)
         out, ref, values = [], [], []
-        for s in _chunks(ids.shape[0], self.cfg.get("minibatch_size", 64)):
-            o = self._forward(ids[s], attn[s], resp_len[s], width, with_entropy=False)
+        for s in _chunks(len(rows["resp_len"]), self.cfg.get("minibatch_size", 64)):
+            part = select_rows(rows, s)
+            o = self._forward(part, with_entropy=False)
             out.append(o["logprobs"])
             if "values" in o:
                 values.append(o["values"])
             if self.use_ref:
-                ref.append(self._ref_logprobs(ids[s], attn[s], resp_len[s], width))
+                ref.append(self._ref_logprobs(part))
         result = {"logprobs": torch.cat(out).float().cpu().numpy()}
         if ref:
             result["ref_logprobs"] = torch.cat(ref).float().cpu().numpy()
@@ -141,12 +135,11 @@ class LMActorWorker(Worker):
             result["values"] = torch.cat(values).float().cpu().numpy()
         return result
 
-    def _ref_logprobs(self, ids, attn, resp_len, width):
+    def _ref_logprobs(self, rows: dict) -> torch.Tensor:
         if self.ref is not None:
-            out = self.ref(ids, attn, with_entropy=False, temperature=self.temperature)["logprobs"]
-            return response_view(out, resp_len, width)
+            return self._forward(rows, with_entropy=False, policy=self.ref)["logprobs"]
         with self.model.disable_adapter():  # LoRA: the frozen base is the reference
-            return self._forward(ids, attn, resp_len, width, with_entropy=False)["logprobs"]
+            return self._forward(rows, with_entropy=False)["logprobs"]
 
     def update(self, batch: dict, lr_scale: float = 1.0, importance_correction: bool = False) -> dict:
         """The algorithm's epochs of minibatch updates on this rank's rows. ``batch`` holds the
@@ -165,14 +158,16 @@ class LMActorWorker(Worker):
         for g in self.optimizer.param_groups:
             g.setdefault("initial_lr", g["lr"])
             g["lr"] = g["initial_lr"] * lr_scale
-        ids, attn, resp_len, width, mask = self._tensors(batch)
+        rows, mask = self._tensors(batch)
+        width = mask.shape[1]
         tok = {k: _tensor(batch[k], dtype=torch.float32, device=self.device)
                for k in ("advantages", "old_logprobs", "rollout_logprobs", "ref_logprobs", "old_values", "returns")
                if batch.get(k) is not None}
         use_kl = c.get("kl_mode", "loss") == "loss" and c.get("kl_coef", 0.0) > 0 and "ref_logprobs" in tok
         sums: dict[str, list[float]] = {}
-        n = ids.shape[0]
+        n = mask.shape[0]
         mb = min(n, c.get("minibatch_size", n))
+        entropy_grad = c.get("ent_coef", 0.0) > 0  # otherwise the entropy is only logged
         single_pass = "old_logprobs" not in tok
         if single_pass and (c.get("epochs", 1) != 1 or mb != n):
             raise RuntimeError("update without old_logprobs needs one epoch of one minibatch (score the rows first)")
@@ -181,7 +176,7 @@ class LMActorWorker(Worker):
             order = self.rng.permutation(n)
             for s in range(0, n - mb + 1, mb):
                 idx = torch.as_tensor(order[s : s + mb], device=self.device)
-                out = self._forward(ids[idx], attn[idx], resp_len[idx], width)
+                out = self._forward(select_rows(rows, idx), entropy_grad=entropy_grad)
                 m = mask[idx]
                 old = out["logprobs"].detach() if single_pass else tok["old_logprobs"][idx]
                 if single_pass and "rollout_logprobs" in tok:  # the train-inference gap, measured here
