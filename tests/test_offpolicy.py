@@ -577,6 +577,9 @@ def test_experts_and_gates():
         load_expert("/no/such/run", obs_space, act_space)
     with pytest.raises(ExpertError, match=r"returns actions of shape \(3,\), the env needs \(1,\)"):
         load_expert("numpy:array", obs_space, act_space)  # identity: obs-shaped "actions"
+    cheetah_obs = gym.spaces.Box(-np.inf, np.inf, (17,), np.float64)
+    with pytest.raises(ExpertError, match=r"pendulum_swing_up' fails on this env's observations \(17,\): ValueError"):
+        load_expert("rlweave.envs.controllers:pendulum_swing_up", cheetah_obs, gym.spaces.Box(-1, 1, (6,), np.float32))
     gate = ActionGapGate(0.5)
     assert gate(np.zeros((3, 3)), np.array([[0.0], [0.6], [-0.4]]), np.zeros((3, 1))).tolist() == [False, True, False]
 

@@ -68,7 +68,10 @@ def load_expert(spec: str, observation_space, action_space) -> Callable[[np.ndar
             return a[:, 0].reshape(len(obs), -1).numpy()
     else:
         expert = _import(spec)
-    probe = np.asarray(expert(np.stack([observation_space.sample() for _ in range(2)])))
+    try:
+        probe = np.asarray(expert(np.stack([observation_space.sample() for _ in range(2)])))
+    except Exception as e:  # noqa: BLE001 - a scripted expert written for another env
+        raise ExpertError(f"expert '{spec}' fails on this env's observations {tuple(observation_space.shape)}: {e!r}") from None
     want = (2, int(np.prod(action_space.shape)))
     if probe.reshape(2, -1).shape != want:
         raise ExpertError(f"expert '{spec}' returns actions of shape {probe.shape[1:]}, the env needs {tuple(action_space.shape)}")
