@@ -16,6 +16,7 @@ from a local checkpoint folder with ``from_pretrained`` (the path users take wit
 
 from __future__ import annotations
 
+import functools
 import inspect
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -25,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["require_transformers", "train_tokenizer", "load_tokenizer", "build_causal_lm", "load_causal_lm",
-           "CausalLMPolicy", "token_logprobs", "cache_argument", "response_batch", "select_rows", "apply_lora", "merge_lora", "merged_state_dict",
+           "CausalLMPolicy", "token_logprobs", "cache_argument", "prefill_prompts", "response_batch", "select_rows", "apply_lora", "merge_lora", "merged_state_dict",
            "save_pretrained"]
 
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>")
@@ -120,7 +121,30 @@ def cache_argument(model: nn.Module) -> str:
     """The keyword a model's forward takes its KV cache by: ``cache`` from transformers 5.24,
     ``past_key_values`` before (the vLLM extra pins an older transformers)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+    return _cache_keyword(type(base))
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(cls: type) -> str:  # once per model class: it is asked on every forward
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+def prefill_prompts(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, rows: Tensor, cache,
+                    output_hidden_states: bool = False):
+    """Runs the distinct (left-padded) prompts through ``model`` once and writes prompt ``rows[i]``'s
+    keys and values into row i of ``cache`` (a ``DynamicCache`` or a ``StaticCache``): the one
+    prefill shared by every response to a prompt, in training and in generation. Returns the
+    prompt pass's output (last position only) and the prompts' position ids."""
+    from transformers import DynamicCache
+
+    pos = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+    prefill = DynamicCache()
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos, **{cache_argument(model): prefill},
+                use_cache=True, logits_to_keep=1, output_hidden_states=output_hidden_states)
+    slots = {"cache_position": torch.arange(prompt_ids.shape[1], device=prompt_ids.device)}
+    for layer_idx, layer in enumerate(prefill.layers):
+        cache.update(layer.keys[rows], layer.values[rows], layer_idx, slots)
+    return out, pos
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
@@ -185,20 +209,15 @@ class CausalLMPolicy(nn.Module):
 
         B, R = response_ids.shape
         hidden_wanted = self.value_head is not None
-        pos = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-        cache, kw = DynamicCache(), cache_argument(self.model)
-        first = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos, **{kw: cache},
-                           use_cache=True, logits_to_keep=1, output_hidden_states=hidden_wanted)
+        rows = DynamicCache()  # each row's prompt keys/values, gathered from the one prompt pass
+        first, pos = prefill_prompts(self.model, prompt_ids, prompt_mask, prompt_index, rows, output_hidden_states=hidden_wanted)
         logits = first.logits[:, -1:][prompt_index]  # predicts response token 0
         hidden = first.hidden_states[-1][:, -1:][prompt_index] if hidden_wanted else None
         if R > 1:  # response tokens 0..R-2 predict tokens 1..R-1, attending to their prompt's cache
-            rows = DynamicCache()
-            for layer_idx, layer in enumerate(cache.layers):
-                rows.update(layer.keys[prompt_index], layer.values[prompt_index], layer_idx)
             mask = torch.cat([prompt_mask[prompt_index], prompt_mask.new_ones(B, R - 1)], 1)
             rpos = pos[prompt_index, -1:] + torch.arange(1, R, device=pos.device)
-            rest = self.model(input_ids=response_ids[:, :-1], attention_mask=mask, position_ids=rpos, **{kw: rows},
-                              use_cache=True, output_hidden_states=hidden_wanted)
+            rest = self.model(input_ids=response_ids[:, :-1], attention_mask=mask, position_ids=rpos,
+                              **{cache_argument(self.model): rows}, use_cache=True, output_hidden_states=hidden_wanted)
             logits = torch.cat([logits, rest.logits], 1)
             if hidden_wanted:
                 hidden = torch.cat([hidden, rest.hidden_states[-1]], 1)

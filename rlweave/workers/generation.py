@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rlweave.models import flat_params_checksum
-from rlweave.models.causal_lm import cache_argument
+from rlweave.models.causal_lm import cache_argument, prefill_prompts
 from rlweave.workers.weights import WeightPacket, resolve_buckets, unpack_into
 
 __all__ = ["Generation", "HFGenerator"]
@@ -76,7 +76,7 @@ class HFGenerator:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], n: int = 1, seed: int = 0, greedy: bool = False) -> Generation:
-        from transformers import DynamicCache, StaticCache
+        from transformers import StaticCache
 
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         ids, mask = enc["input_ids"], enc["attention_mask"]
@@ -84,14 +84,8 @@ class HFGenerator:
         B, T = U * n, self.max_new_tokens
         rows = torch.arange(U).repeat_interleave(n)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        prefill, kw = DynamicCache(), cache_argument(self.model)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **{kw: prefill}, use_cache=True,
-                         logits_to_keep=1)
-        cache = StaticCache(config=self.model.config, max_cache_len=P + T)
-        slots = torch.arange(P)
-        for layer_idx, layer in enumerate(prefill.layers):  # the n rows of a prompt start from its one prefill
-            cache.update(layer.keys[rows], layer.values[rows], layer_idx, {"cache_position": slots})
+        cache, kw = StaticCache(config=self.model.config, max_cache_len=P + T), cache_argument(self.model)
+        out, pos = prefill_prompts(self.model, ids, mask, rows, cache)  # the n rows of a prompt share its prefill
         logits = out.logits[:, -1][rows]
         attn = torch.cat([mask[rows], mask.new_ones(B, T)], 1)
         next_pos = pos[rows, -1:] + 1
