@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from rlweave.algorithms import get_algorithm, gae, group_normalized_advantages, normalize, ppo_loss, total_loss
 from rlweave.cluster import Worker
 from rlweave.models import build_policy
+from rlweave.models.flat import FlatParameters
 from rlweave.utils.memory import device_memory_mb, peak_rss_mb
 from rlweave.workers.channels import ChannelSpec
 from rlweave.workers.weights import WeightPacket, pack_state, share_packet
@@ -51,9 +52,10 @@ class ActorWorker(Worker):
         self.policy.to(self.device)  # the slot's GPU when there is one
         self.float_obs = observation_space.dtype != np.uint8
         self.offloaded = False
-        # fused Adam: one kernel for all parameters instead of ~13 small ops per tensor per step
-        self.params = list(self.policy.parameters())
-        self.optimizer = torch.optim.Adam(self.params, lr=algo_cfg["lr"], eps=1e-5, fused=True)
+        # One flat buffer behind all parameters and gradients: fused Adam and gradient clipping are
+        # then one kernel each per step (small-MLP updates are bound by per-op overhead).
+        self.flat = FlatParameters(self.policy.parameters())
+        self.optimizer = torch.optim.Adam([self.flat.flat], lr=algo_cfg["lr"], eps=1e-5, fused=True)
         self.traj_ch = trajectory_channel.open()
         self.trajectories_per_rank = trajectories_per_rank
         self.version = 0
@@ -205,6 +207,8 @@ class ActorWorker(Worker):
             for start in range(0, B - mb + 1 if B >= mb else 1, mb):
                 mbatch = {k: v[start : start + mb] for k, v in shuffled.items()}
                 log_prob, entropy, value = model(mbatch["obs"], mbatch["action"])
+                if not cfg["ent_coef"]:  # no bonus: keep the entropy out of the graph, log it only
+                    entropy_mean, entropy = entropy.detach().mean(), None
                 adv = mbatch["adv"]
                 if cfg.get("norm_adv", True) and self.spec.advantage == "gae":
                     adv = normalize(adv)
@@ -223,11 +227,13 @@ class ActorWorker(Worker):
                     vf_coef=cfg["vf_coef"],
                     ent_coef=cfg["ent_coef"],
                 )
+                if entropy is None:
+                    terms["entropy"] = entropy_mean
                 loss = total_loss(terms)
-                self.optimizer.zero_grad(set_to_none=True)
+                self.flat.zero_grad()
                 loss.backward()
                 if cfg["max_grad_norm"] > 0:
-                    torch.nn.utils.clip_grad_norm_(self.params, cfg["max_grad_norm"], foreach=True)
+                    self.flat.clip_grad_norm_(cfg["max_grad_norm"])
                 self.optimizer.step()
                 for k, v in terms.items():  # summed as tensors: no sync to Python per minibatch
                     sums[k] = sums[k] + v.detach() if k in sums else v.detach()
@@ -255,6 +261,7 @@ class ActorWorker(Worker):
             self.offloaded = False
 
     def _move(self, device: torch.device) -> None:
+        self.flat.to(device)  # first: the module's move then only carries its buffers
         self.policy.to(device)
         for state in self.optimizer.state.values():
             for k, v in state.items():
