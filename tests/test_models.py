@@ -199,6 +199,35 @@ def test_running_mean_std_matches_numpy():
     assert torch.all(rms.normalize(big, clip=None) > 10.0)
 
 
+def test_normalize_follows_every_change_of_the_statistics():
+    """normalize() caches the statistics in the input's dtype; each way they can change (update,
+    load_state_dict as in weight sync, a device/dtype move, inference mode) must be seen."""
+
+    def expected(rms, x):
+        std = (rms.var + rms.epsilon).sqrt().float()
+        return ((x - rms.mean.float()) / std).clamp(-10, 10)
+
+    rms = RunningMeanStd(2)
+    x = torch.tensor([[1.0, -2.0], [3.0, 4.0]])
+    assert torch.equal(rms.normalize(x), expected(rms, x))  # fresh statistics: the identity
+    rms.update(torch.tensor([[10.0, 0.0], [14.0, 2.0]]))
+    first = rms.normalize(x)
+    assert torch.equal(first, expected(rms, x)) and not torch.equal(first, x)
+    other = RunningMeanStd(2)
+    other.update(torch.tensor([[-5.0, 1.0], [5.0, 9.0]]))
+    rms.load_state_dict(other.state_dict())  # in-place copies, as a weight sync does
+    assert torch.equal(rms.normalize(x), expected(other, x))
+    with torch.inference_mode():
+        inside = rms.normalize(x)
+    assert torch.equal(inside, expected(other, x))
+    w = torch.ones(2, requires_grad=True)  # the cached tensors can still enter a graph later
+    (rms.normalize(x) * w).sum().backward()
+    assert torch.equal(w.grad, expected(other, x).sum(0))
+    rms.to(torch.float32)  # statistics stay float64 but are new buffer objects
+    assert rms.mean.dtype == torch.float64
+    assert torch.equal(rms.normalize(x.double()), ((x.double() - rms.mean) / (rms.var + rms.epsilon).sqrt()).clamp(-10, 10))
+
+
 def test_running_mean_std_update_from_moments():
     rng = np.random.default_rng(1)
     xa = torch.as_tensor(rng.normal(1.0, 3.0, (40, 2)))

@@ -30,6 +30,7 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self._scale_cache: tuple | None = None
 
     def _apply(self, fn, recurse=True):
         # Keep the statistics in float64 through module.half()/.to(dtype): only devices change.
@@ -77,11 +78,31 @@ class RunningMeanStd(nn.Module):
         self.var.copy_(m2 / tot)
         self.count.copy_(tot)
 
+    def _scale(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Mean and std in ``dtype``, recomputed only when the statistics change.
+
+        A policy normalises every small batch it sees (one env step's observations, one PPO
+        minibatch) while the statistics stay fixed for a whole iteration; converting them each time
+        was five of the eight operations of :meth:`normalize`. The cache is keyed on the buffer
+        objects and their version counters, which every in-place write (``update``,
+        ``load_state_dict``, weight sync) bumps, and a device move replaces."""
+        try:
+            key = (dtype, self.mean._version, self.var._version)
+        except RuntimeError:  # buffers made inside torch.inference_mode have no version counter
+            return self.mean.to(dtype), (self.var + self.epsilon).sqrt().to(dtype)
+        cache = getattr(self, "_scale_cache", None)
+        if cache is None or cache[0] is not self.mean or cache[1] is not self.var or cache[2] != key:
+            # normal tensors even when first asked inside torch.inference_mode (a rollout's act)
+            with torch.inference_mode(False), torch.no_grad():
+                mean = self.mean.to(dtype, copy=True)
+                std = (self.var + self.epsilon).sqrt().to(dtype)
+            cache = self._scale_cache = (self.mean, self.var, key, mean, std)
+        return cache[3], cache[4]
+
     def normalize(self, x: Tensor, clip: float | None = 10.0) -> Tensor:
         """``(x - mean) / sqrt(var + eps)``, clipped to [-clip, clip], in x's float dtype."""
         dtype = x.dtype if x.is_floating_point() else torch.float32
-        mean = self.mean.to(dtype)
-        std = (self.var + self.epsilon).sqrt().to(dtype)
+        mean, std = self._scale(dtype)
         y = (x.to(dtype) - mean) / std
         if clip is not None:
             y = y.clamp(-clip, clip)
