@@ -18,6 +18,14 @@ Also reported, not the headline: the wall clock of the whole run including start
 embedded Ray, its worker processes, the final checkpoint and shutdown; SB3: building envs and
 model), over all N + 1 iterations.
 
+Layout: by default rlweave steps the 8 envs in 2 env workers of 4 (one per core, each with its
+rollout replica in its process) and trains in one actor process; SB3 runs in one process, its
+faster setting here (DummyVecEnv; SubprocVecEnv pays a pipe round trip per env per step). The
+work is the same: envs, steps, network, epochs and minibatches; only where it runs differs, which
+is what rlweave chooses. ``--env-workers 1`` measures the single-env-worker layout. One
+difference in what is computed: rlweave's reward scaling keeps its return statistics per env
+worker (4 envs each), SB3's VecNormalize over all 8.
+
 Order: a warm-up run of each side (discarded), then ``--repeats`` interleaved pairs
 (rlweave, SB3, rlweave, SB3, ...); per side the median, and the median / min / max of the
 per-pair ratios rlweave / SB3.
@@ -437,8 +445,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rlweave/SB3 pairs after the warm-up (>= 3 for a claim); default 3")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-warmup", action="store_true", help="skip the discarded warm-up run of each side (quick checks only)")
-    ap.add_argument("--env-workers", type=int, default=1, choices=(1, 2, 4, 8),
-                    help="rlweave env workers (each with its own rollout replica); the 8 envs are split between them; default 1")
+    ap.add_argument("--env-workers", type=int, default=2, choices=(1, 2, 4, 8),
+                    help="rlweave env workers (each with its own rollout replica fused into its process); the 8 envs "
+                         "are split between them; default 2 (one per core of a 2-core machine, the faster layout here)")
     ap.add_argument("--rlweave-set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra rlweave override (e.g. placement.mode=disaggregated); shown in the settings")
     ap.add_argument("--sb3-adam", choices=sorted(SB3_ADAM), default="default",
