@@ -223,7 +223,7 @@ def test_normalize_follows_every_change_of_the_statistics():
     w = torch.ones(2, requires_grad=True)  # the cached tensors can still enter a graph later
     (rms.normalize(x) * w).sum().backward()
     assert torch.equal(w.grad, expected(other, x).sum(0))
-    rms.to(torch.float32)  # statistics stay float64 but are new buffer objects
+    rms.to(torch.float32)  # a dtype move: the statistics stay float64 and normalize still matches
     assert rms.mean.dtype == torch.float64
     assert torch.equal(rms.normalize(x.double()), ((x.double() - rms.mean) / (rms.var + rms.epsilon).sqrt()).clamp(-10, 10))
 

@@ -86,17 +86,18 @@ class RunningMeanStd(nn.Module):
         was five of the eight operations of :meth:`normalize`. The cache is keyed on the buffer
         objects and their version counters, which every in-place write (``update``,
         ``load_state_dict``, weight sync) bumps, and a device move replaces."""
+        def convert() -> tuple[Tensor, Tensor]:
+            return self.mean.to(dtype, copy=True), (self.var + self.epsilon).sqrt().to(dtype)
+
         try:
             key = (dtype, self.mean._version, self.var._version)
         except RuntimeError:  # buffers made inside torch.inference_mode have no version counter
-            return self.mean.to(dtype), (self.var + self.epsilon).sqrt().to(dtype)
-        cache = getattr(self, "_scale_cache", None)
+            return convert()
+        cache = self._scale_cache
         if cache is None or cache[0] is not self.mean or cache[1] is not self.var or cache[2] != key:
             # normal tensors even when first asked inside torch.inference_mode (a rollout's act)
             with torch.inference_mode(False), torch.no_grad():
-                mean = self.mean.to(dtype, copy=True)
-                std = (self.var + self.epsilon).sqrt().to(dtype)
-            cache = self._scale_cache = (self.mean, self.var, key, mean, std)
+                cache = self._scale_cache = (self.mean, self.var, key, *convert())
         return cache[3], cache[4]
 
     def normalize(self, x: Tensor, clip: float | None = 10.0) -> Tensor:
