@@ -3,11 +3,14 @@
 Moves numpy uint8 arrays (1 KB, 1 MB, 10 MB) from a producer Ray actor to the driver three ways:
 
   A  channel     the producer ``Channel.put``s each item (a Ray channel, maxsize=DEPTH; each put
-                 returns once the item is stored); the driver ``get``s it. Items >= 64 KiB go by
-                 reference (producer ray.put, driver ray.get).
+                 returns once the item is stored); the driver ``get``s it. Items >= 64 KiB travel
+                 by the channel's default transport: on this one-node cluster, shared memory (the
+                 producer copies the bytes into its arena, the driver copies them out).
+  O  object st.  as A with ``transport="object_store"``: items >= 64 KiB go by reference (producer
+                 ray.put, the ObjectRef through the channel actor, driver ray.get).
   P  pipelined   as A, but the producer's handle has ``put_window=DEPTH/2`` and the channel
                  ``maxsize=DEPTH/2`` (so at most DEPTH items in flight, as in B): a put returns once
-                 sent, the producer overlaps the next ``ray.put`` with the transfer.
+                 sent, the producer overlaps the next item with the transfer.
   B  object ref  raw Ray: the driver calls ``producer.put_ref()``, which ``ray.put``s the item and
                  returns the ObjectRef (wrapped in a list); the driver ``ray.get``s it. DEPTH calls in
                  flight, so both sides can pipeline.
@@ -15,8 +18,8 @@ Moves numpy uint8 arrays (1 KB, 1 MB, 10 MB) from a producer Ray actor to the dr
                  stores the return value); DEPTH calls in flight.
 
 Headline: ratio = A / B throughput (rlweave channel with default, strictly-acknowledged puts / raw
-object-store transfer), median of the per-pair ratios over interleaved repeats (A P B C, A P B C,
-...), after a warm-up of each; ratio_pipelined = P / B likewise.
+object-store transfer), median of the per-pair ratios over interleaved repeats (A O P B C, A O P B C,
+...), after a warm-up of each; ratio_object_store = O / B and ratio_pipelined = P / B likewise.
 
     python benchmarks/channel.py [--json FILE] [--repeats N]
 """
@@ -107,6 +110,7 @@ def _ratio_summary(ratios: list[float]) -> dict:
 
 SIDES = [  # key, JSON name, table heading
     ("A", "channel", "A channel"),
+    ("O", "channel_object_store", "O chan. obj. store"),
     ("P", "channel_pipelined", "P chan. pipelined"),
     ("B", "object_ref", "B ray.put+ref"),
     ("C", "actor_return", "C actor return"),
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     ap = argparse.ArgumentParser(prog="rlweave bench channel", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", metavar="FILE", help="write the headline figures as one JSON object")
-    ap.add_argument("--repeats", type=int, default=5, help="interleaved A/P/B/C repeats (>= 3)")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved A/O/P/B/C repeats (>= 3)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the items per run")
     args = ap.parse_args(argv)
     items = {k: max(3, int(v * args.scale)) for k, v in ITEMS.items()}
@@ -133,19 +137,22 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"  ray {ray.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}, cpus {os.cpu_count()}")
     print(f"  OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')} (no torch compute on any side)")
     print(f"  items per run: {items}; B, C: {DEPTH} calls in flight")
-    print(f"  A: channel maxsize={DEPTH}, put_window=0;  P: channel maxsize={half}, put_window={half}")
-    print(f"  repeats: {args.repeats} interleaved A P B C after one warm-up of each")
-    print(f"  channel ref threshold: {DEFAULT_REF_THRESHOLD} bytes (1 KB inline, 1 MB and 10 MB by reference)")
-    print("  processes: A, P = producer actor + channel actor + driver (3); B, C = producer actor + driver (2)")
+    print(f"  A, O: channel maxsize={DEPTH}, put_window=0;  P: channel maxsize={half}, put_window={half}")
+    print(f"  repeats: {args.repeats} interleaved A O P B C after one warm-up of each")
+    print(f"  channel threshold: {DEFAULT_REF_THRESHOLD} bytes (1 KB inline, 1 MB and 10 MB by the transport)")
+    print("  processes: A, O, P = producer actor + channel actor + driver (3); B, C = producer actor + driver (2)")
 
     producer = make_producer_class().remote([nbytes for _, nbytes in SIZES])
     ray.get(producer.ready.remote())
     tag = f"{os.getpid()}-{time.time_ns()}"
     ch = Channel.create(f"bench-channel-{tag}", maxsize=DEPTH)
+    cho = Channel.create(f"bench-channel-object-store-{tag}", maxsize=DEPTH, transport="object_store")
     chp = Channel.create(f"bench-channel-pipelined-{tag}", maxsize=half, put_window=half)
-    ch.qsize(), chp.qsize()  # both actors up before timing
+    ch.qsize(), cho.qsize(), chp.qsize()  # all actors up before timing
+    print(f"  transports: A, P {ch.transport}; O {cho.transport}")
     runs = {
         "A": lambda nbytes, n: run_channel(producer, ch, nbytes, n),
+        "O": lambda nbytes, n: run_channel(producer, cho, nbytes, n),
         "P": lambda nbytes, n: run_channel(producer, chp, nbytes, n),
         "B": lambda nbytes, n: run_object_ref(producer, nbytes, n),
         "C": lambda nbytes, n: run_return(producer, nbytes, n),
@@ -163,6 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
         stats = ch.stats()
     finally:
         ch.close()
+        cho.close()
         chp.close()
         ray.kill(producer)
         if started_ray:
@@ -178,12 +186,14 @@ def main(argv: list[str] | None = None) -> dict:
             "repeats": args.repeats,
             "ref_threshold": DEFAULT_REF_THRESHOLD,
             "pipelined": {"maxsize": half, "put_window": half},
+            "transport": ch.transport,
         },
+        "channel_puts_shm": stats["puts_shm"],
         "channel_puts_by_ref": stats["puts_by_ref"],
         "channel_puts_inline": stats["puts_inline"],
     }
     header = " | ".join([f"{'size':>5}"] + [f"{h:>20}" for *_, h in SIDES])
-    header += f" | {'A/B median (min-max)':>21} | {'P/B median (min-max)':>21} | {'A/C':>5}"
+    header += f" | {'A/B median (min-max)':>21} | {'O/B':>5} | {'P/B median (min-max)':>21} | {'A/C':>5}"
     print()
     print("medians, items/s (MB/s):")
     print(header)
@@ -192,15 +202,17 @@ def main(argv: list[str] | None = None) -> dict:
         r = results[label]
         med = {side: statistics.median(v) for side, v in r.items()}
         ab = _ratio_summary([a / b for a, b in zip(r["A"], r["B"])])
+        ob = _ratio_summary([o / b for o, b in zip(r["O"], r["B"])])
         pb = _ratio_summary([p / b for p, b in zip(r["P"], r["B"])])
         ac = _ratio_summary([a / c for a, c in zip(r["A"], r["C"])])
         mb = nbytes / 1e6
         cells = [f"{med[side]:9.1f} ({med[side] * mb:8.1f})" for side, *_ in SIDES]
         rat = lambda x: f"{x['median']:5.2f} ({x['min']:.2f}-{x['max']:.2f})".ljust(21)  # noqa: E731
-        print(" | ".join([f"{label:>5}"] + cells + [rat(ab), rat(pb), f"{ac['median']:5.2f}"]))
+        print(" | ".join([f"{label:>5}"] + cells + [rat(ab), f"{ob['median']:5.2f}", rat(pb), f"{ac['median']:5.2f}"]))
         out[f"ratio_{label}"] = ab["median"]
         out[f"ratio_{label}_min"] = ab["min"]
         out[f"ratio_{label}_max"] = ab["max"]
+        out[f"ratio_object_store_{label}"] = ob["median"]
         out[f"ratio_pipelined_{label}"] = pb["median"]
         out[f"ratio_pipelined_{label}_min"] = pb["min"]
         out[f"ratio_pipelined_{label}_max"] = pb["max"]
@@ -210,7 +222,11 @@ def main(argv: list[str] | None = None) -> dict:
             out[f"{name}_mb_per_s_{label}"] = med[side] * mb
     out["elapsed_s"] = elapsed
     print()
-    for key, what in (("ratio", "channel"), ("ratio_pipelined", "pipelined channel")):
+    for key, what in (
+        ("ratio", f"channel ({ch.transport})"),
+        ("ratio_object_store", "channel (object store)"),
+        ("ratio_pipelined", f"pipelined channel ({ch.transport})"),
+    ):
         print(
             f"{key}: {what} / raw Ray object-store transfer, median of {args.repeats} pairs: "
             + ", ".join(f"{label} {out[f'{key}_{label}']:.2f}" for label, _ in SIZES)

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import pickle
 import threading
 import time
 
 import numpy as np
+import psutil
 import pytest
 import ray
 import torch
 from tensordict import TensorDict
 
-from rlweave.channel import Channel, ChannelClosed, ChannelEmpty, ChannelFull, Envelope
+from rlweave.channel import Channel, ChannelClosed, ChannelEmpty, ChannelFull, ChannelPayloadLost, Envelope, _shm
 
 BACKENDS = ["local", "ray"]
 _ids = itertools.count()
@@ -307,7 +309,7 @@ class _Producer:
 
 
 def test_large_numpy_goes_by_ref(make):
-    ch = make("ray")
+    ch = make("ray", transport="object_store")
     big = np.random.default_rng(0).integers(0, 255, size=8 << 20, dtype=np.uint8)  # 8 MiB
     ch.put(big)
     ch.put({"obs": np.ones((256, 256), np.float32), "t": 3})  # 256 KiB dict of numpy: by ref too
@@ -326,6 +328,109 @@ def test_large_numpy_goes_by_ref(make):
     assert env.version == 1 and int(env.item.sum()) == checksum
     assert ch.stats()["puts_by_ref"] == 3
     ray.kill(p)
+
+
+# ----------------------------------------------------------------------------- shared-memory transport
+
+
+@ray.remote(num_cpus=0)
+class _ShmProducer:
+    def pid(self) -> int:
+        return os.getpid()
+
+    def send(self, ch: Channel, nbytes: int, n: int = 1) -> int:
+        for i in range(n):
+            ch.put({"x": np.full(nbytes, i, dtype=np.uint8), "i": i}, version=i)
+        return n
+
+
+def test_large_numpy_goes_through_shared_memory_on_one_node(make):
+    ch = make("ray", maxsize=4)
+    assert ch.transport == "shm" and Channel.connect(ch.name).transport == "shm"
+    item = {
+        "obs": np.arange(64 * 1024, dtype=np.float32).reshape(64, 1024),
+        "strided": np.arange(40_000.0)[::2],  # not contiguous: pickled in-band, still exact
+        "scalar": np.float64(2.5),
+        "note": "meta",
+    }
+    ch.put(item)
+    ch.put(np.zeros(16, np.uint8))  # small: inline
+    got = ch.get()
+    assert ch.stats()["puts_shm"] == 1 and ch.stats()["puts_inline"] == 1 and ch.stats()["puts_by_ref"] == 0
+    assert np.array_equal(got["obs"], item["obs"]) and got["obs"].dtype == np.float32
+    assert np.array_equal(got["strided"], item["strided"]) and got["scalar"] == 2.5 and got["note"] == "meta"
+    got["obs"][0, 0] = -1.0  # new, writable memory (object-store arrays are read-only views)
+    assert item["obs"][0, 0] == 0.0
+    assert np.array_equal(ch.get(), np.zeros(16, np.uint8))
+    # from another process, several items in flight: every byte and version arrives in order
+    p = _ShmProducer.remote()
+    done = p.send.remote(ch, 300_000, 12)
+    envs = [ch.get_envelope(timeout=30) for _ in range(12)]
+    assert ray.get(done) == 12
+    assert [e.version for e in envs] == list(range(12))
+    assert all(e.item["i"] == i and np.all(e.item["x"] == i) and e.item["x"].size == 300_000 for i, e in enumerate(envs))
+    assert ch.stats()["puts_shm"] == 13
+    ray.kill(p)
+
+
+def test_torch_payload_falls_back_to_the_object_store(make):
+    ch = make("ray")
+    ch.put(torch.arange(100_000, dtype=torch.float32))  # tensors pickle their storage in-band
+    assert (ch.stats()["puts_shm"], ch.stats()["puts_by_ref"]) == (0, 1)
+    assert torch.equal(ch.get(), torch.arange(100_000, dtype=torch.float32))
+
+
+def test_shm_failed_put_frees_its_block_and_full_arena_falls_back(make, monkeypatch):
+    ch = make("ray", maxsize=1)
+    monkeypatch.setattr(_shm, "_arena", _shm.Arena(segment_bytes=4 << 20, max_bytes=4 << 20))
+    monkeypatch.setattr(_shm, "_arena_pid", os.getpid())
+    arena = _shm.arena()
+    big = np.ones(1 << 20, np.uint8)
+    ch.put(big)
+    with pytest.raises(ChannelFull):
+        ch.put_nowait(big)  # written to shared memory, refused by the channel: block given back
+    seg = arena.segments[0]
+    assert [seg.view[off] for off, _ in seg.live] == [_shm.LIVE, _shm.RELEASED]
+    assert np.array_equal(ch.get(), big)
+    assert [seg.view[off] for off, _ in seg.live] == [_shm.RELEASED, _shm.RELEASED]
+    ch.put(np.ones(8 << 20, np.uint8))  # larger than the arena may grow: object store instead
+    assert (ch.stats()["puts_shm"], ch.stats()["puts_by_ref"], arena.fallbacks) == (1, 1, 1)
+    assert ch.get().size == 8 << 20
+    assert len(arena.segments) == 1
+
+
+def test_shm_item_of_a_dead_producer_raises_payload_lost(make):
+    ch = make("ray")
+    p = _ShmProducer.remote()
+    pid = ray.get(p.pid.remote())
+    ray.get(p.send.remote(ch, 200_000))
+    ray.kill(p)
+    wait_until(lambda: not psutil.pid_exists(pid), what=f"producer pid {pid} to exit")
+    with pytest.raises(ChannelPayloadLost, match=rf"channel '{ch.name}': the process that put this item \(pid {pid}\) exited"):
+        ch.get(timeout=10)
+
+
+def test_transport_must_be_known(make):
+    with pytest.raises(ValueError, match=r"channel 'bad': transport must be one of auto, shm, object_store, got 'nccl'"):
+        Channel.create("bad", transport="nccl")
+
+
+def test_shm_ring_reuses_released_blocks_and_wraps():
+    seg = _shm.Segment(1024)
+    h = _shm.SEGMENT_HEADER
+    a, b, c = seg.alloc(300), seg.alloc(300), seg.alloc(300)
+    assert (a, b, c) == (h, h + 300, h + 600)
+    assert seg.alloc(100) is None  # 64 + 900 + 100 > 1024
+    seg.view[b] = _shm.RELEASED  # out of order: b cannot be reused while a is live
+    assert seg.alloc(100) is None
+    seg.view[a] = _shm.RELEASED  # a and b reclaimed; the next block wraps to the front
+    assert seg.alloc(500) == h and [o for o, _ in seg.live] == [c, h]
+    assert seg.alloc(101) is None  # wrapped: only [564, 664) is free
+    assert seg.alloc(100) == h + 500
+    seg.view[c] = _shm.RELEASED
+    seg.view[h] = _shm.RELEASED
+    seg.view[h + 500] = _shm.RELEASED
+    assert seg.alloc(960) == h and len(seg.live) == 1  # all released: starts over
 
 
 def test_local_backend_passes_objects_through(make):

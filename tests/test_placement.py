@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 
+import numpy as np
 import pytest
 import ray
 
@@ -402,6 +403,20 @@ def test_real_cluster_inventory(fake_gpu_cluster):
     head = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("node:__internal_head__")]
     assert c.nodes[0].node_id == head[0]
     assert [n.node_id for n in Cluster.start(address="auto").nodes] == [n.node_id for n in c.nodes]
+
+
+def test_channels_use_the_object_store_across_nodes(fake_gpu_cluster):
+    from rlweave.channel import Channel
+
+    ch = Channel.create("two-node-auto")  # transport="auto": shared memory needs one node
+    try:
+        assert ch.transport == "object_store"
+        ch.put(np.ones(1 << 20, np.uint8))
+        assert ch.stats()["puts_by_ref"] == 1 and ch.get(timeout=30).sum() == 1 << 20
+    finally:
+        ch.close()
+    with pytest.raises(ValueError, match=r"channel 'two-node-shm': transport='shm' needs one node and Linux shared memory; the Ray cluster has 2 nodes"):
+        Channel.create("two-node-shm", transport="shm")
 
 
 # Four groups started once: "a" and "b" on identical slots, "c" disjoint from "a" (same nodes,

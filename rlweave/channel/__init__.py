@@ -14,6 +14,7 @@ from ._core import (
     resolve_version,
 )
 from ._actor import ChannelActor
+from ._shm import ChannelPayloadLost
 from .channel import Channel, LocalChannel, RayChannel
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "ChannelEmpty",
     "ChannelError",
     "ChannelFull",
+    "ChannelPayloadLost",
     "DEFAULT_REF_THRESHOLD",
     "Envelope",
     "LocalChannel",

@@ -9,9 +9,10 @@ blocked caller holds one actor thread and no process. A threaded actor, not an a
 the client turns them into the channel's exceptions.
 
 Payloads are opaque here: small items arrive as cloudpickled bytes (so the actor never imports the
-user's classes, e.g. torch for a TensorDict, and never re-pickles them), large ones as ``[ObjectRef]``
-(wrapped in a list so that Ray does not resolve them); the actor stores and returns them untouched,
-so large payloads never pass through this process.
+user's classes, e.g. torch for a TensorDict, and never re-pickles them), large ones as a
+shared-memory descriptor or as ``[ObjectRef]`` (wrapped in a list so that Ray does not resolve
+them); the actor stores and returns them untouched, so large payloads never pass through this
+process.
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ OK, FULL, EMPTY = "ok", "full", "empty"
 
 
 class ChannelActor:
-    def __init__(self, name: str, maxsize: int = 0, ref_threshold: int = 0, put_window: int = 0):
+    def __init__(
+        self, name: str, maxsize: int = 0, ref_threshold: int = 0, put_window: int = 0, transport: str = "object_store"
+    ):
         self._name = name
+        self._transport = transport
         self._ref_threshold = ref_threshold
         self._put_window = put_window
         self._next_pseq: dict[str, int] = {}  # pipelined producers: next sequence number to apply
@@ -58,6 +62,7 @@ class ChannelActor:
             "maxsize": self._store.maxsize,
             "ref_threshold": self._ref_threshold,
             "put_window": self._put_window,
+            "transport": self._transport,
         }
 
     def put(self, msg: tuple) -> str:

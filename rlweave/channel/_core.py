@@ -53,8 +53,9 @@ class Entry(NamedTuple):
     """What a store holds: the envelope fields with ``payload`` still encoded.
 
     ``enc`` says how ``payload`` holds the item: :data:`ENC_OBJECT` (the item itself),
-    :data:`ENC_PICKLED` (cloudpickled bytes, Ray backend, small items) or :data:`ENC_REF`
-    (``[ObjectRef]``, Ray backend, large items).
+    :data:`ENC_PICKLED` (cloudpickled bytes, Ray backend, small items), :data:`ENC_REF`
+    (``[ObjectRef]``, Ray backend, large items) or :data:`ENC_SHM` (a shared-memory descriptor,
+    Ray backend, large items when the cluster is one node: :mod:`rlweave.channel._shm`).
     """
 
     seq: int
@@ -65,7 +66,7 @@ class Entry(NamedTuple):
     enc: int
 
 
-ENC_OBJECT, ENC_PICKLED, ENC_REF = 0, 1, 2
+ENC_OBJECT, ENC_PICKLED, ENC_REF, ENC_SHM = 0, 1, 2, 3
 
 
 # --------------------------------------------------------------------------- helpers
@@ -170,6 +171,9 @@ def estimate_nbytes(item: Any, _depth: int = 0) -> int:
 # --------------------------------------------------------------------------- the store
 
 
+_COUNTER = {ENC_REF: "puts_by_ref", ENC_SHM: "puts_shm"}
+
+
 class Store:
     """Keyed FIFO with a global put order; not thread-safe (callers hold their own lock).
 
@@ -184,7 +188,7 @@ class Store:
         self._by_key: dict[Hashable, deque[Entry]] = {}
         self._size = 0
         self._next_seq = 0
-        self.counts = {"puts_inline": 0, "puts_by_ref": 0, "gets": 0, "restored": 0}
+        self.counts = {"puts_inline": 0, "puts_by_ref": 0, "puts_shm": 0, "gets": 0, "restored": 0}
 
     # -- queries
     def full(self) -> bool:
@@ -217,7 +221,7 @@ class Store:
             d = self._by_key[key] = deque()
         d.append(entry)
         self._size += 1
-        self.counts["puts_by_ref" if enc == ENC_REF else "puts_inline"] += 1
+        self.counts[_COUNTER.get(enc, "puts_inline")] += 1
         return entry
 
     def pop(self, key: Hashable = None) -> Entry | None:

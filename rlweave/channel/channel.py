@@ -29,14 +29,25 @@ Semantics, both backends:
 
 Payloads (Ray backend): small items are cloudpickled by the producer and travel as bytes that the
 channel actor stores without looking inside (it never imports the item's classes); items holding
-Ray handles (ObjectRefs, actor handles) travel as objects so Ray tracks the references. When the estimated payload size (:func:`estimate_nbytes`: numpy
-arrays / torch tensors at top level, in a TensorDict, or in dicts/lists) is at least
-``ref_threshold`` bytes (default 64 KiB), the producer ``ray.put``s the item itself and sends only the
-ObjectRef to the channel actor; the consumer ``ray.get``s it. Numpy arrays then come back zero-copy
-(read-only views of the object store: copy before writing in place). Torch tensors work too but are
-serialised by pickling their storage; convert TensorDicts to numpy (``td.numpy()``) for the fastest
-path through the object store. The object is owned by the producing process: if that process exits
-before the item is consumed, ``get`` raises Ray's ``OwnerDiedError``.
+Ray handles (ObjectRefs, actor handles) travel as objects so Ray tracks the references. Items whose
+estimated size (:func:`estimate_nbytes`: numpy arrays / torch tensors at top level, in a
+TensorDict, or in dicts/lists) is at least ``ref_threshold`` bytes (default 64 KiB) never pass
+through the channel actor; they go by the channel's ``transport``:
+
+* ``shm`` (chosen by ``auto`` when the Ray cluster has one node): the producer copies the item's
+  numpy buffers into shared memory it owns (:mod:`rlweave.channel._shm`), the actor carries a small
+  descriptor, the consumer copies them out into new, writable arrays. Items without numpy buffers
+  (torch tensors pickle their storage in-band) and items that find the producer's arena full go
+  through the object store instead.
+* ``object_store`` (``auto`` on several nodes): the producer ``ray.put``s the item and sends only
+  the ObjectRef; the consumer ``ray.get``s it. Numpy arrays then come back zero-copy (read-only
+  views of the object store: copy before writing in place). Torch tensors work too but are
+  serialised by pickling their storage; convert TensorDicts to numpy (``td.numpy()``) for the
+  fastest path.
+
+Either way the item belongs to the producing process: if that process exits before the item is
+consumed, ``get`` raises (:class:`~rlweave.channel.ChannelPayloadLost`, or Ray's
+``OwnerDiedError``).
 
 Pipelined puts (Ray backend, opt-in): ``Channel.create(..., put_window=W)`` or
 ``ch.with_put_window(W)`` lets a blocking put without timeout return once sent, with up to W in
@@ -58,12 +69,14 @@ import uuid
 from collections import deque
 from typing import Any, Hashable
 
+from . import _shm
 from ._actor import OK, ChannelActor
 from ._core import (
     DEFAULT_REF_THRESHOLD,
     ENC_OBJECT,
     ENC_PICKLED,
     ENC_REF,
+    ENC_SHM,
     ChannelClosed,
     ChannelEmpty,
     ChannelFull,
@@ -78,6 +91,7 @@ from ._core import (
 
 ACTOR_PREFIX = "rlweave_channel:"
 MAX_CONCURRENCY = 1000
+TRANSPORTS = ("auto", "shm", "object_store")
 
 
 def _check_target(name: str, target_weight: float) -> float:
@@ -105,13 +119,20 @@ class Channel:
         *,
         ref_threshold: int = DEFAULT_REF_THRESHOLD,
         put_window: int = 0,
+        transport: str = "auto",
     ) -> "Channel":
         """Create a channel. ``maxsize`` 0 = unbounded; it counts items across all keys.
 
         Ray backend only (the local backend ignores them):
 
-        * ``ref_threshold``: payloads estimated at this many bytes or more go through the object
-          store by reference.
+        * ``ref_threshold``: payloads estimated at this many bytes or more do not travel inline
+          through the channel actor but by ``transport``.
+        * ``transport``: ``"shm"`` = node-local shared memory (:mod:`rlweave.channel._shm`; the
+          consumer gets new, writable arrays), ``"object_store"`` = Ray's object store by reference
+          (read-only zero-copy arrays; works across nodes), ``"auto"`` (default) = ``shm`` when
+          the Ray cluster has one node (on Linux), else ``object_store``. Items
+          the shared memory cannot take (no out-of-band buffers, e.g. torch tensors; arena full)
+          go through the object store.
         * ``put_window``: 0 (default) = a put returns once the item is stored. ``W > 0`` = pipelined
           puts: a blocking put without timeout returns once *sent*, with up to W per handle in
           flight, so the producer overlaps the next item with the transfer. Order per handle is
@@ -127,9 +148,11 @@ class Channel:
             raise ValueError(f"channel {name!r}: maxsize must be >= 0, got {maxsize}")
         if put_window < 0:
             raise ValueError(f"channel {name!r}: put_window must be >= 0, got {put_window}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"channel {name!r}: transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
         if local:
             return LocalChannel._create(name, int(maxsize))
-        return RayChannel._create(name, int(maxsize), int(ref_threshold), int(put_window))
+        return RayChannel._create(name, int(maxsize), int(ref_threshold), int(put_window), transport)
 
     @classmethod
     def connect(cls, name: str) -> "Channel":
@@ -222,12 +245,11 @@ class _NeedsRaySerialization(Exception):
 _dumps = None
 
 
-def _pickle_or_object(item: Any) -> tuple[Any, int]:
-    """Small items: cloudpickled bytes, unless they hold Ray handles (ObjectRefs, actor handles),
-    which only Ray's own serialisation tracks correctly; those travel as objects."""
+def _cloudpickle(obj: Any, buffer_callback=None) -> bytes:
+    """cloudpickle ``obj``; raises _NeedsRaySerialization if it holds Ray handles (ObjectRefs,
+    actor handles), which only Ray's own serialisation tracks correctly. With ``buffer_callback``
+    (pickle protocol 5), numpy arrays hand their memory to it instead of into the bytes."""
     global _dumps
-    if item is None or type(item) in (int, float, bool, str, bytes):
-        return item, ENC_OBJECT  # nothing to gain
     if _dumps is None:
         import io
 
@@ -244,16 +266,37 @@ def _pickle_or_object(item: Any) -> tuple[Any, int]:
                     raise _NeedsRaySerialization
                 return super().reducer_override(obj)
 
-        def dumps(obj) -> bytes:
+        def dumps(obj, buffer_callback=None) -> bytes:
             buf = io.BytesIO()
-            _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+            _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=buffer_callback).dump(obj)
             return buf.getvalue()
 
         _dumps = dumps
+    return _dumps(obj, buffer_callback)
+
+
+def _pickle_or_object(item: Any) -> tuple[Any, int]:
+    """Small items: cloudpickled bytes, unless they hold Ray handles; those travel as objects."""
+    if item is None or type(item) in (int, float, bool, str, bytes):
+        return item, ENC_OBJECT  # nothing to gain
     try:
-        return _dumps(item), ENC_PICKLED
+        return _cloudpickle(item), ENC_PICKLED
     except _NeedsRaySerialization:
         return item, ENC_OBJECT
+
+
+def _shm_or_none(item: Any, min_bytes: int) -> Any:
+    """A shared-memory descriptor of ``item``, or None when the shared memory cannot take it: it
+    holds Ray handles, less than ``min_bytes`` of it is out-of-band buffers (torch tensors pickle
+    their storage in-band), or this process's arena is full."""
+    buffers: list[pickle.PickleBuffer] = []
+    try:
+        meta = _cloudpickle(item, buffers.append)
+    except _NeedsRaySerialization:
+        return None
+    if sum(b.raw().nbytes for b in buffers) < min_bytes:
+        return None
+    return _shm.write(meta, buffers)
 
 
 def _actor_class():
@@ -265,8 +308,24 @@ def _actor_class():
     return _remote_actor_cls
 
 
-def _rebuild_ray_channel(name, actor, maxsize, ref_threshold, put_window=0):
-    return RayChannel(name, actor, maxsize, ref_threshold, put_window)
+def _rebuild_ray_channel(name, actor, maxsize, ref_threshold, put_window=0, transport="object_store"):
+    return RayChannel(name, actor, maxsize, ref_threshold, put_window, transport)
+
+
+def _resolve_transport(name: str, transport: str) -> str:
+    """``auto`` -> ``shm`` on a one-node cluster where memfd segments work (Linux), else
+    ``object_store``; an explicit ``shm`` that cannot work is refused."""
+    if transport == "object_store":
+        return transport
+    import ray
+
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    if _shm.available() and nodes == 1:
+        return "shm"
+    if transport == "shm":
+        why = f"the Ray cluster has {nodes} nodes" if nodes != 1 else "this system has no memfd_create or /proc"
+        raise ValueError(f"channel {name!r}: transport='shm' needs one node and Linux shared memory; {why}")
+    return "object_store"
 
 
 class RayChannel(Channel):
@@ -274,11 +333,14 @@ class RayChannel(Channel):
 
     local = False
 
-    def __init__(self, name: str, actor, maxsize: int, ref_threshold: int, put_window: int = 0):
+    def __init__(
+        self, name: str, actor, maxsize: int, ref_threshold: int, put_window: int = 0, transport: str = "object_store"
+    ):
         self.name = name
         self.maxsize = maxsize
         self.ref_threshold = ref_threshold
         self.put_window = put_window
+        self.transport = transport
         self._actor = actor
         self._closed = False
         # pipelined puts (put_window > 0): replies not yet collected, this handle's producer id
@@ -288,21 +350,26 @@ class RayChannel(Channel):
         self._pseq = 0
 
     def __reduce__(self):  # a copy is a new producer: it gets its own id and sequence
-        return _rebuild_ray_channel, (self.name, self._actor, self.maxsize, self.ref_threshold, self.put_window)
+        return _rebuild_ray_channel, (
+            self.name, self._actor, self.maxsize, self.ref_threshold, self.put_window, self.transport
+        )
 
     def with_put_window(self, put_window: int) -> "RayChannel":
         if put_window < 0:
             raise ValueError(f"channel {self.name!r}: put_window must be >= 0, got {put_window}")
-        return RayChannel(self.name, self._actor, self.maxsize, self.ref_threshold, int(put_window))
+        return RayChannel(self.name, self._actor, self.maxsize, self.ref_threshold, int(put_window), self.transport)
 
     @classmethod
-    def _create(cls, name: str, maxsize: int, ref_threshold: int, put_window: int = 0) -> "RayChannel":
+    def _create(
+        cls, name: str, maxsize: int, ref_threshold: int, put_window: int = 0, transport: str = "auto"
+    ) -> "RayChannel":
         import ray
 
         if not ray.is_initialized():
             raise RuntimeError(
                 f"channel {name!r}: Ray is not initialised; call ray.init() first or create it with local=True"
             )
+        transport = _resolve_transport(name, transport)
         namespace = ray.get_runtime_context().namespace
         try:
             actor = (
@@ -314,11 +381,11 @@ class RayChannel(Channel):
                     max_concurrency=MAX_CONCURRENCY,
                     max_restarts=0,
                 )
-                .remote(name, maxsize, ref_threshold, put_window)
+                .remote(name, maxsize, ref_threshold, put_window, transport)
             )
         except ValueError as e:
             raise ValueError(f"channel {name!r} already exists (use Channel.connect): {e}") from None
-        return cls(name, actor, maxsize, ref_threshold, put_window)
+        return cls(name, actor, maxsize, ref_threshold, put_window, transport)
 
     @classmethod
     def _connect(cls, name: str) -> "RayChannel":
@@ -334,23 +401,33 @@ class RayChannel(Channel):
             cfg = ray.get(actor.config.remote())
         except ray.exceptions.RayActorError:
             raise ValueError(f"no channel named {name!r} (its actor is dead)") from None
-        return cls(name, actor, cfg["maxsize"], cfg["ref_threshold"], cfg.get("put_window", 0))
+        return cls(name, actor, cfg["maxsize"], cfg["ref_threshold"], cfg["put_window"], cfg["transport"])
 
     # ---------------------------------------------------------------- encoding
     def _encode(self, item: Any) -> tuple[Any, int]:
         if self.ref_threshold > 0 and estimate_nbytes(item) >= self.ref_threshold:
+            if self.transport == "shm":
+                desc = _shm_or_none(item, self.ref_threshold)
+                if desc is not None:
+                    return desc, ENC_SHM
             import ray
 
             return [ray.put(item)], ENC_REF
         return _pickle_or_object(item)
 
-    @staticmethod
-    def _envelopes(entries: list[Entry], refs_values: list) -> list[Envelope]:
+    def _put_failed(self, payload: Any, enc: int) -> None:
+        """The item was not stored: its shared-memory block (if any) is free again."""
+        if enc == ENC_SHM:
+            _shm.release(payload)
+
+    def _envelopes(self, entries: list[Entry], refs_values: list) -> list[Envelope]:
         values = iter(refs_values)
         out = []
         for e in entries:
             if e.enc == ENC_REF:
                 item = next(values)
+            elif e.enc == ENC_SHM:
+                item = _shm.read(e.payload, self.name)
             elif e.enc == ENC_PICKLED:
                 item = pickle.loads(e.payload)
             else:
@@ -358,19 +435,17 @@ class RayChannel(Channel):
             out.append(Envelope(item, e.key, e.weight, e.version, e.seq))
         return out
 
-    @classmethod
-    def _decode(cls, entries: list[Entry]) -> list[Envelope]:
+    def _decode(self, entries: list[Entry]) -> list[Envelope]:
         refs = [e.payload[0] for e in entries if e.enc == ENC_REF]
         if refs:
             import ray
 
-            return cls._envelopes(entries, ray.get(refs))
-        return cls._envelopes(entries, [])
+            return self._envelopes(entries, ray.get(refs))
+        return self._envelopes(entries, [])
 
-    @classmethod
-    async def _adecode(cls, entries: list[Entry]) -> list[Envelope]:
+    async def _adecode(self, entries: list[Entry]) -> list[Envelope]:
         refs = [e.payload[0] for e in entries if e.enc == ENC_REF]
-        return cls._envelopes(entries, list(await asyncio.gather(*refs)) if refs else [])
+        return self._envelopes(entries, list(await asyncio.gather(*refs)) if refs else [])
 
     def _call(self, ref):
         import ray
@@ -440,9 +515,14 @@ class RayChannel(Channel):
                         return
                     ref = self._pending.popleft()
                 self._call(ref)
-        self.flush()
-        status = self._call(self._actor.put.remote((payload, key, float(weight), version, enc, timeout, None, 0)))
+        try:
+            self.flush()
+            status = self._call(self._actor.put.remote((payload, key, float(weight), version, enc, timeout, None, 0)))
+        except BaseException:
+            self._put_failed(payload, enc)
+            raise
         if status != OK:
+            self._put_failed(payload, enc)
             raise self._full_error(timeout)
 
     def get_envelope(self, key: Hashable = None, *, block: bool = True, timeout: float | None = None) -> Envelope:
@@ -523,9 +603,16 @@ class RayChannel(Channel):
                         return
                     ref = self._pending.popleft()
                 await self._acall(ref)
-        await self.aflush()
-        status = await self._acall(self._actor.put.remote((payload, key, float(weight), version, enc, timeout, None, 0)))
+        try:
+            await self.aflush()
+            status = await self._acall(
+                self._actor.put.remote((payload, key, float(weight), version, enc, timeout, None, 0))
+            )
+        except BaseException:
+            self._put_failed(payload, enc)
+            raise
         if status != OK:
+            self._put_failed(payload, enc)
             raise self._full_error(timeout)
 
     async def aget_envelope(
