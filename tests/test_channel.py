@@ -399,6 +399,27 @@ def test_shm_failed_put_frees_its_block_and_full_arena_falls_back(make, monkeypa
     assert len(arena.segments) == 1
 
 
+def test_shm_async_puts_and_get_batch(make, monkeypatch):
+    ch = make("ray", maxsize=3)
+    monkeypatch.setattr(_shm, "_arena", _shm.Arena(segment_bytes=8 << 20, max_bytes=8 << 20))
+    monkeypatch.setattr(_shm, "_arena_pid", os.getpid())
+    items = [np.full((256, 1024), i, np.float32) for i in range(3)]  # 1 MiB each
+
+    async def main():
+        for i, x in enumerate(items):
+            await ch.aput(x, key="k", weight=2.0, version=10 + i)
+        with pytest.raises(ChannelFull):
+            await ch.aput(items[0], block=False)
+        return await ch.aget_batch_envelopes(5.0, key="k", timeout=10)
+
+    envs = asyncio.run(main())
+    assert [e.version for e in envs] == [10, 11, 12] and [e.seq for e in envs] == [0, 1, 2]
+    assert all(np.array_equal(e.item, x) for e, x in zip(envs, items))
+    seg = _shm.arena().segments[0]
+    seg._reclaim()  # the three consumed blocks and the refused one are all free again
+    assert len(seg.live) == 0 and ch.stats()["puts_shm"] == 3
+
+
 def test_shm_item_of_a_dead_producer_raises_payload_lost(make):
     ch = make("ray")
     p = _ShmProducer.remote()
@@ -406,8 +427,12 @@ def test_shm_item_of_a_dead_producer_raises_payload_lost(make):
     ray.get(p.send.remote(ch, 200_000))
     ray.kill(p)
     wait_until(lambda: not psutil.pid_exists(pid), what=f"producer pid {pid} to exit")
-    with pytest.raises(ChannelPayloadLost, match=rf"channel '{ch.name}': the process that put this item \(pid {pid}\) exited"):
+    with pytest.raises(ChannelPayloadLost, match=rf"channel '{ch.name}': item lost, its producing worker process died \(pid {pid}\)") as e:
         ch.get(timeout=10)
+    # raised inside a worker, the driver sees a process death: a run with restarts left restarts
+    from rlweave.cluster import WorkerError
+
+    assert WorkerError("actor", 0, "train", str(e.value)).process_died
 
 
 def test_transport_must_be_known(make):
@@ -562,7 +587,7 @@ def test_async_inside_async_ray_actor(make):
     consumer = _AsyncConsumer.remote()
     ref = consumer.take.remote(ch, 4)
     for i in range(4):
-        ch.put(np.full(40_000, i, np.int32) if i == 3 else i)  # the last one (160 KB) goes by ref
+        ch.put(np.full(40_000, i, np.int32) if i == 3 else i)  # the last one (160 KB) goes by the transport
     got = ray.get(ref, timeout=60)
     assert got[:3] == [0, 1, 2] and np.array_equal(got[3], np.full(40_000, 3, np.int32))
     ray.kill(consumer)

@@ -237,8 +237,10 @@ def read(desc: Descriptor, channel: str) -> Any:
     key, off, sizes, meta = desc
     view = _reader.view(key)
     if view is None:
+        # the wording contains the runtime's "worker process died", so a run restarts from its
+        # checkpoint as it does when it sees the producer's death itself
         raise ChannelPayloadLost(
-            f"channel {channel!r}: the process that put this item (pid {key[0]}) exited before it was consumed"
+            f"channel {channel!r}: item lost, its producing worker process died (pid {key[0]}) before it was consumed"
         )
     buffers = []
     pos = off + HEADER
