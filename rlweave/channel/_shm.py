@@ -168,9 +168,9 @@ def arena() -> Arena:
 Descriptor = tuple
 
 
-def write(meta: bytes, buffers: list[pickle.PickleBuffer]) -> Descriptor | None:
-    """Copy ``buffers`` into this process's arena; None if they do not fit (caller falls back)."""
-    raws = [b.raw() for b in buffers]
+def write(meta: bytes, raws: list[memoryview]) -> Descriptor | None:
+    """Copy ``raws`` (the item's out-of-band buffers as flat bytes, ``PickleBuffer.raw()``) into
+    this process's arena; None if they do not fit (the caller falls back)."""
     sizes = [r.nbytes for r in raws]
     placed = arena().place(sum(_round_up(n) for n in sizes))
     if placed is None:
@@ -199,7 +199,11 @@ class _Reader:
                 self.maps.move_to_end(key)
                 return hit
             pid, fd, token = key
-            view = _own_segment(key) if pid == os.getpid() else _map(pid, fd)
+            if pid == os.getpid():  # producer and consumer in one process: the arena's own mapping
+                seg = _own_segment(key)
+                view = seg.view if seg is not None else None
+            else:
+                view = _map(pid, fd)
             if view is None or bytes(view[:16]) != token:
                 return None
             for old in [k for k in self.maps if not _pid_alive(k[0])]:
@@ -221,11 +225,11 @@ def _map(pid: int, fd: int) -> memoryview | None:
         os.close(f)
 
 
-def _own_segment(key: tuple) -> memoryview | None:
-    """Producer and consumer in one process: the arena's own mapping."""
+def _own_segment(key: tuple) -> Segment | None:
+    """The segment of this process's arena that ``key`` names."""
     for seg in arena().segments:
         if seg.key == key:
-            return seg.view
+            return seg
     return None
 
 
@@ -255,11 +259,9 @@ def read(desc: Descriptor, channel: str) -> Any:
 
 def release(desc: Descriptor) -> None:
     """Give back a block whose item was never stored (a put that failed)."""
-    key, off = desc[0], desc[1]
-    for seg in arena().segments:
-        if seg.key == key:
-            seg.view[off] = RELEASED
-            return
+    seg = _own_segment(desc[0])
+    if seg is not None:
+        seg.view[desc[1]] = RELEASED
 
 
 class ChannelPayloadLost(ChannelError):

@@ -294,9 +294,10 @@ def _shm_or_none(item: Any, min_bytes: int) -> Any:
         meta = _cloudpickle(item, buffers.append)
     except _NeedsRaySerialization:
         return None
-    if sum(b.raw().nbytes for b in buffers) < min_bytes:
+    raws = [b.raw() for b in buffers]
+    if sum(r.nbytes for r in raws) < min_bytes:
         return None
-    return _shm.write(meta, buffers)
+    return _shm.write(meta, raws)
 
 
 def _actor_class():
