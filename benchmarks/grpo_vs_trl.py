@@ -4,10 +4,12 @@ Both sides start from one Hugging Face folder (a Qwen3 built here with random we
 tokenizer trained here), draw their prompts from the same arithmetic problems, and run the same
 number of GRPO steps: ``--prompts`` prompts x ``--group`` responses of exactly ``--tokens`` new
 tokens each (``min_new_tokens = max_new_tokens`` on both sides, so response lengths match), one
-optimizer step per batch, no KL term, no evaluation, sampling at temperature 1. Each side runs
-in its own process with the same torch thread count (``--threads``): TRL in one process,
-rlweave with its actor and rollout collocated in one worker process (plus the driver and Ray's
-own processes, which is part of the result).
+optimizer step per batch, no KL term, no evaluation, sampling at temperature 1. Both sides get the
+same cores and the same total torch thread count (``--threads``): TRL in one process with all of
+them; rlweave in ``--ranks`` worker processes (default 2, one per core), each holding an actor
+rank and a rollout engine with ``threads / ranks`` threads, the actor ranks replicated
+(``actor.strategy=ddp``: one gradient all-reduce per step), plus the driver and Ray's own
+processes, which are part of the result. ``--ranks 1`` runs rlweave in one process like TRL.
 
 The figure is the whole GRPO loop (generation + scoring + update + weight sync), measured from
 the end of the first step to the end of the last (the first step's start-up is excluded on both
@@ -53,6 +55,14 @@ def make_model(folder: Path, seed: int = 0) -> None:
 
 
 # --------------------------------------------------------------------------- the two sides
+def placement_overrides(ranks: int, threads: int) -> list[str]:
+    """``ranks`` processes on slots 0..ranks-1, each an actor rank with a rollout engine beside it."""
+    slots, per = ",".join(str(i) for i in range(ranks)), max(1, threads // ranks)
+    return [f"actor.num_workers={ranks}", f"rollout.num_workers={ranks}", "actor.strategy=ddp", "placement.mode=collocated",
+            f"placement.groups.actor={{slots: '{slots}', threads: {per}}}",
+            f"placement.groups.rollout={{slots: '{slots}', threads: {per}}}"]
+
+
 def run_rlweave(folder: str, a) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="bench-grpo-rlweave-"))
     cmd = [sys.executable, "-m", "rlweave.cli", "train", "grpo-arith", f"run.dir={run_dir}", f"init.checkpoint={folder}",
@@ -60,8 +70,7 @@ def run_rlweave(folder: str, a) -> dict:
            f"rollout.prompts_per_iteration={a.prompts}", f"algorithm.group_size={a.group}",
            f"rollout.max_new_tokens={a.tokens}", f"rollout.min_new_tokens={a.tokens}", f"algorithm.minibatch_size={a.prompts * a.group}",
            "algorithm.epochs=1", "algorithm.kl_coef=0", f"algorithm.lr={a.lr}", f"train.total_iterations={a.steps}",
-           "train.eval_every=0", "train.checkpoint_every=0", f"placement.groups.actor.threads={a.threads}",
-           f"placement.groups.rollout.threads={a.threads}"]
+           "train.eval_every=0", "train.checkpoint_every=0", *placement_overrides(a.ranks, a.threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "RAY_ADDRESS": "local"})
     if proc.returncode != 0:
         raise RuntimeError(f"rlweave side failed: {proc.stderr.strip().splitlines()[-3:]}")
@@ -140,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--ranks", type=int, default=2, help="rlweave worker processes (actor rank + rollout engine each)")
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3)
@@ -158,9 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     make_model(folder, a.seed)
     settings = {"model": "qwen3 hidden 128, 4 layers, 4 heads (2 kv), random init", "prompts/step": a.prompts,
                 "group": a.group, "new tokens": f"exactly {a.tokens}", "steps": a.steps, "optimizer": f"AdamW lr {a.lr}",
-                "epochs x minibatches": "1 x 1", "kl": "none", "threads": a.threads}
+                "epochs x minibatches": "1 x 1", "kl": "none", "threads": a.threads,
+                "rlweave processes": a.ranks}
+    layout = (f"driver + {a.ranks} worker processes x {max(1, a.threads // a.ranks)} threads (actor rank, ddp, "
+              "+ rollout engine in each)" if a.ranks > 1 else "driver + 1 worker (actor and rollout collocated)")
     common.print_settings("grpo_vs_trl: the same GRPO work on both sides",
-                          {"rlweave": {"processes": "driver + 1 worker (actor and rollout collocated)"},
+                          {"rlweave": {"processes": layout},
                            "TRL GRPOTrainer": {"processes": "1"}}, common=settings)
     print(f"versions: trl {trl.__version__}, transformers {transformers.__version__}")
     fns = {"rlweave": lambda: _side("rlweave", str(folder), a), "trl": lambda: _side("trl", str(folder), a)}

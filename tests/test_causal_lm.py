@@ -130,3 +130,18 @@ def test_lora_trains_only_adapters_merges_and_round_trips(tokenizer, tmp_path):
     with torch.no_grad():
         assert torch.allclose(loaded(input_ids=ids).logits, after, atol=1e-6)
     assert transformers.AutoTokenizer.from_pretrained(path)("What is")["input_ids"] == tokenizer("What is")["input_ids"]
+
+
+def test_actor_strategy_and_training_attention_choices():
+    from rlweave.models.causal_lm import EAGER_MAX_TOKENS, train_attention
+    from rlweave.workers.lm_actor import choose_strategy
+
+    # auto replicates while weight, gradient and two Adam moments (16 bytes a parameter) fit
+    assert choose_strategy("auto", 1_000_000, 2.0) == "ddp"
+    assert choose_strategy("auto", 2 * (1 << 30) // 16, 2.0) == "ddp"
+    assert choose_strategy("auto", 2 * (1 << 30) // 16 + 1, 2.0) == "fsdp"
+    assert choose_strategy("fsdp", 10, 2.0) == "fsdp" and choose_strategy("ddp", 10**12, 2.0) == "ddp"
+    assert train_attention("auto", "cpu", 22) == "eager"
+    assert train_attention("auto", "cpu", EAGER_MAX_TOKENS + 1) is None  # the model's own (sdpa)
+    assert train_attention("auto", "cuda", 22) is None
+    assert train_attention("sdpa", "cpu", 22) == "sdpa"

@@ -57,6 +57,13 @@ def test_bad_llm_config_is_refused_on_one_line_before_start(tmp_path, overrides,
     assert not (tmp_path / "never").exists()
 
 
+def test_eager_attention_with_packed_sft_is_refused(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        LLMRunner(_cfg("sft-arith", *TINY, "data.packing=true", "actor.attention=eager"), tmp_path / "never")
+    assert str(e.value).startswith("actor.attention: eager attention would add a packed batch's boolean block mask")
+    assert not (tmp_path / "never").exists()
+
+
 def test_sft_data_line_without_field_names_the_line(tmp_path):
     data = tmp_path / "sft.jsonl"
     data.write_text('{"prompt": "a", "response": "b"}\n\n{"prompt": "c"}\n')
@@ -224,12 +231,15 @@ def test_grpo_without_init_runs_the_sft_warm_up_into_a_sub_folder(tmp_path):
     assert records[0]["eval/accuracy"] == pytest.approx(sft[-1]["eval/accuracy"])
 
 
-def test_two_actor_ranks_shard_the_model_with_fsdp2_sync_full_weights_and_resume(tmp_path):
-    """FSDP2 over gloo: the gathered weights reach the rollout engine (checksum-verified every
-    iteration), checkpoints hold the full state (rank 0) whatever the rank count, and a stopped
-    run resumes on two ranks to the same values as an uninterrupted one."""
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_two_actor_ranks_sync_full_weights_checkpoint_on_rank_0_and_resume(tmp_path, strategy):
+    """Two actor ranks over gloo, sharded (FSDP2) or replicated (DDP): the full weights reach the
+    rollout engine (checksum-verified every iteration), checkpoints hold the full state (rank 0)
+    whatever the rank count, and a stopped run resumes on two ranks to the same values as an
+    uninterrupted one."""
     two = [*RL, "actor.num_workers=2", "placement.groups.actor.slots=0-1", "placement.groups.actor.threads=1",
-           "placement.groups.rollout.threads=1", "placement.mode=hybrid", "run.deterministic=true"]
+           "placement.groups.rollout.threads=1", "placement.mode=hybrid", "run.deterministic=true",
+           f"actor.strategy={strategy}"]
     _, whole = _run(tmp_path, "grpo-arith", *two, name="whole")
     assert [r["iteration"] for r in whole] == [0, 1, 2]
     assert all(np.isfinite(r["train/loss_policy"]) for r in whole[1:])
@@ -249,6 +259,46 @@ def test_two_actor_ranks_shard_the_model_with_fsdp2_sync_full_weights_and_resume
     assert strip(read_metrics(tmp_path / "part")) == strip(whole)
 
 
+def test_two_replicated_ranks_take_the_same_step_as_one_rank_on_unequal_shards(tmp_path):
+    """9 responses split 5 / 4 over two DDP ranks, of different lengths: each rank's loss is
+    weighted by its share of the batch's tokens, so the step equals one rank's on all 9 (the
+    plain average of the two ranks' token means would not)."""
+    common = [*RL, "rollout.prompts_per_iteration=3", "algorithm.group_size=3", "train.total_iterations=1",
+              "train.eval_every=0", "train.checkpoint_every=0", "placement.groups.rollout.threads=1",
+              "placement.groups.actor.threads=1", "run.deterministic=true",
+              "algorithm.ent_coef=0.1"]  # a gradient even where every reward is 0 (a random model's)
+    _run(tmp_path, "grpo-arith", *common, name="one")
+    runner, two = _run(tmp_path, "grpo-arith", *common, "actor.num_workers=2", "actor.strategy=ddp", "placement.mode=hybrid",
+                       "placement.groups.actor.slots=0-1", name="two")
+    assert runner.actor.world_size == 2 and two[-1]["env_steps"] == 9
+    assert two[-1]["train/grad_norm"] > 0
+    import transformers
+
+    one_w = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "one" / "model").state_dict()
+    two_w = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "two" / "model").state_dict()
+    gap = max(float((one_w[k] - two_w[k]).abs().max()) for k in one_w)
+    assert gap < 1e-6, gap
+
+
+def test_collocated_rollout_engines_generate_with_their_actor_ranks_parameters(tmp_path):
+    """Actor and rollout in one process: the engine's parameters are the actor's tensors (a sync
+    moves nothing and only takes the version), so after training they are bit-equal by
+    construction; LoRA (merged weights) and async PPO (generation overlaps the update) keep
+    checksummed packets."""
+    runner, records = _run(tmp_path, "grpo-arith", *RL, *LOCAL, name="shared")
+    assert runner.shared_weights and records[-1]["time/sync"] < 0.05
+    from rlweave.cluster import local_worker
+
+    actor, engine = local_worker("actor", 0), local_worker("rollout", 0)
+    assert engine.generator.version == actor.version == 2
+    mine = dict(engine.generator.model.named_parameters())
+    assert all(mine[n].data_ptr() == p.data_ptr() for n, p in actor.model.named_parameters())
+    assert engine.generator.model.config._attn_implementation == "sdpa"  # the engine keeps its own kernel
+    assert actor.model.config._attn_implementation == "eager"  # actor.attention=auto on CPU, short sequences
+    runner, _ = _run(tmp_path, "grpo-arith", *RL, *LOCAL, "algorithm.name=async_ppo", name="async")
+    assert not runner.shared_weights
+
+
 def test_a_reward_function_that_raises_scores_zero_is_counted_and_the_run_goes_on(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the rollout worker's reward process imports it too
@@ -266,8 +316,9 @@ def test_lora_sft_then_grpo_with_a_kl_loss_against_the_adapter_free_base(tmp_pat
 
     merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "sft" / "model")
     assert not any("lora" in k for k in merged.state_dict())  # exported with the adapters folded in
-    _, rl = _run(tmp_path, "grpo-arith", *RL, *LOCAL, f"init.checkpoint={tmp_path / 'sft'}", "model.lora_rank=4",
-                 "algorithm.kl_coef=0.1", "algorithm.kl_mode=loss", name="rl")
+    runner, rl = _run(tmp_path, "grpo-arith", *RL, *LOCAL, f"init.checkpoint={tmp_path / 'sft'}", "model.lora_rank=4",
+                      "algorithm.kl_coef=0.1", "algorithm.kl_mode=loss", name="rl")
+    assert not runner.shared_weights  # the engine holds merged weights: checksummed packets
     assert rl[1]["train/kl"] == pytest.approx(0.0, abs=1e-6)  # adapters start at zero: policy == base
     assert "train/loss_kl" in rl[1] and np.isfinite(rl[2]["train/loss_policy"])
 

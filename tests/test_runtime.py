@@ -100,6 +100,7 @@ def assert_refused(capsys, rc: int, run_dir: Path, *fragments: str) -> str:
         ),
         ("grpo-cartpole", ["env.num_envs=6", "algorithm.group_size=4"], ["algorithm.group_size: 4 must divide env.num_envs (6)"]),
         ("ppo-cartpole", ["+placement.groups.bogus.slots=0"], ["placement.groups.bogus"]),
+        ("ppo-cartpole", ["actor.strategy=fsdp"], ["actor.strategy: fsdp shards language models"]),
     ],
 )
 def test_bad_input_is_refused_with_one_line(capsys, tmp_path, no_cluster_start, recipe, overrides, fragments):

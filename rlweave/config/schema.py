@@ -93,6 +93,16 @@ class PlannerConfig:
 @dataclass
 class ActorConfig:
     num_workers: int = positive(1)
+    # how several language-model actor ranks split training: ddp replicates the model and
+    # all-reduces gradients once per step; fsdp shards parameters, gradients and optimizer state
+    # (FSDP2); auto: ddp while the training state (16 bytes per trainable parameter) is under
+    # ddp_max_gb, fsdp above. The embodied and off-policy actors always replicate.
+    strategy: str = choice("auto", "auto", "ddp", "fsdp")
+    ddp_max_gb: float = non_negative(2.0)
+    # the attention kernel of the language-model actor's training passes (rollout engines keep
+    # their own): auto = eager on CPU for sequences up to 256 tokens (scores are tiny there and
+    # the fused CPU kernel's per-call cost dominates: 13% of a step measured), sdpa otherwise
+    attention: str = choice("auto", "auto", "eager", "sdpa")
 
 
 @dataclass

@@ -117,6 +117,28 @@ def load_causal_lm(spec: dict, vocab_size: int, seed: int = 0, tokenizer=None):
     return model
 
 
+EAGER_MAX_TOKENS = 256  # auto attention: eager up to this sequence length on CPU
+
+
+def train_attention(choice: str, device_type: str, max_tokens: int) -> str | None:
+    """The attention implementation for training passes (``actor.attention``); ``None`` keeps the
+    model's own. ``auto``: eager on CPU when no sequence exceeds ``EAGER_MAX_TOKENS`` -- at these
+    sizes the score matrices are tiny and the fused CPU kernel's fixed cost per call dominates
+    (measured on a 4-layer Qwen3, 64 responses of 16 tokens: 0.22 s against 0.25 s per update) --
+    the fused kernel (sdpa) otherwise. Callers pass ``max_tokens=0`` for SFT, whose packed rows
+    carry a 4-D block mask that only the fused kernel reads as intended."""
+    if choice != "auto":
+        return choice
+    return "eager" if device_type == "cpu" and 0 < max_tokens <= EAGER_MAX_TOKENS else None
+
+
+def set_attention(model: nn.Module, implementation: str | None) -> None:
+    """Switches a (possibly LoRA-wrapped) Hugging Face model's attention implementation."""
+    if implementation is not None:
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base.set_attn_implementation(implementation)
+
+
 def cache_argument(model: nn.Module) -> str:
     """The keyword a model's forward takes its KV cache by: ``cache`` from transformers 5.24,
     ``past_key_values`` before (the vLLM extra pins an older transformers)."""

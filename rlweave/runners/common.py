@@ -46,6 +46,9 @@ def check_compatible(cfg: DictConfig):
             "run.deterministic: placement.mode=auto re-plans from timings, and a layout change ends running episodes; "
             "choose the slots (placement.mode collocated, disaggregated or hybrid)"
         )
+    if cfg.actor.strategy == "fsdp":
+        raise ConfigError("actor.strategy: fsdp shards language models; this workflow's actor replicates its policy "
+                          "on every rank (ddp or auto)")
     if spec.kind == "offline" and cfg.train.total_updates < 1:
         raise ConfigError(f"train.total_updates: {spec.name} learns from a dataset alone; give the number of gradient updates (> 0)")
     if cfg.env.num_workers % cfg.actor.num_workers:

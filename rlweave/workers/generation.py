@@ -74,6 +74,26 @@ class HFGenerator:
     def state_dict(self) -> dict:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
+    def share_weights(self, source: torch.nn.Module) -> None:
+        """Makes this engine's parameters views of ``source``'s (a trainer's model of the same
+        architecture, in this process): its in-place optimizer steps are then the weight sync, and
+        no bytes move. The engine keeps its own module, so its attention kernel and eval mode are
+        its own."""
+        theirs = dict(source.named_parameters())
+        mine = dict(self.model.named_parameters())
+        missing = [n for n in mine if n not in theirs or theirs[n].shape != mine[n].shape or theirs[n].dtype != mine[n].dtype]
+        if missing:
+            raise ValueError(f"share_weights: the trainer's model does not match the engine's at {missing[:3]}")
+        for name, p in mine.items():
+            p.data = theirs[name].data
+        self._shared = theirs
+
+    def shares_weights(self) -> bool:
+        """Whether every parameter still shares storage with the trainer's (a trainer that
+        re-homed its parameters would silently stop updating this engine)."""
+        theirs = getattr(self, "_shared", None)
+        return theirs is not None and all(p.data_ptr() == theirs[n].data_ptr() for n, p in self.model.named_parameters())
+
     @torch.no_grad()
     def generate(self, prompts: list[str], n: int = 1, seed: int = 0, greedy: bool = False) -> Generation:
         from transformers import StaticCache

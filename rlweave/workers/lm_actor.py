@@ -8,10 +8,14 @@ reference model's (for KL) and the critic's values; ``update`` then runs the alg
 minibatch updates with the advantages the driver computed. ``sft_update`` is supervised
 fine-tuning on target tokens.
 
-One rank trains in plain PyTorch. Several ranks shard the model with FSDP2 (``fully_shard`` on
-every decoder layer and the root; gloo on CPU, NCCL on GPU): each rank holds a slice of the
-parameters and optimizer state, gradients are reduce-scattered, and ``export_weights`` gathers the
-full state dict for the rollout engines. Every per-token tensor crossing the process boundary is
+One rank trains in plain PyTorch. Several ranks (gloo on CPU, NCCL on GPU) either replicate the
+model (``strategy="ddp"``: DistributedDataParallel, one bucketed gradient all-reduce per step; the
+fast choice for models that fit a slot, and on CPU, where a tiny model's per-layer collectives cost
+more than they save) or shard it with FSDP2 (``"fsdp"``: ``fully_shard`` on every decoder layer
+and the root; each rank holds a slice of the parameters and optimizer state, gradients are
+reduce-scattered, and ``export_weights`` gathers the full state dict for the rollout engines).
+Either way each rank's loss is weighted by its share of the minibatch's tokens (or responses), so
+unequal shards give the gradient of the whole minibatch, not an average of per-rank means. Every per-token tensor crossing the process boundary is
 *response-aligned* ``[B, R]``: response token j of row i at column j, like the rollout's log-probs.
 Each distinct prompt goes through the model once per pass, however many responses share it.
 """
@@ -31,20 +35,51 @@ from rlweave.algorithms.llm import llm_policy_loss, sft_loss
 from rlweave.algorithms.losses import total_loss
 from rlweave.cluster import Worker
 from rlweave.models.causal_lm import (CausalLMPolicy, load_causal_lm, load_tokenizer, merged_state_dict, require_transformers,
-                                      save_pretrained, select_rows)
+                                      save_pretrained, select_rows, set_attention, train_attention)
 from rlweave.utils.memory import peak_rss_mb
 from rlweave.workers.weights import WeightPacket, pack_state, share_packet
 
-__all__ = ["LMActorWorker"]
+__all__ = ["LMActorWorker", "choose_strategy"]
+
+# training state per trainable parameter: weight, gradient and Adam's two moments in float32
+_TRAIN_BYTES_PER_PARAM = 16
+
+
+def choose_strategy(strategy: str, trainable_params: int, ddp_max_gb: float) -> str:
+    """``actor.strategy`` resolved: ``auto`` replicates (ddp) while a rank's full training state
+    fits under ``ddp_max_gb`` and shards (fsdp) above it."""
+    if strategy != "auto":
+        return strategy
+    return "ddp" if trainable_params * _TRAIN_BYTES_PER_PARAM <= ddp_max_gb * (1 << 30) else "fsdp"
+
+
+class _TrainForward(torch.nn.Module):
+    """The module DistributedDataParallel wraps: DDP's gradient hooks are armed by its own
+    ``forward``, so the policy's two training passes (response scoring and full rows) go through
+    this one entry."""
+
+    def __init__(self, policy: CausalLMPolicy):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, responses: bool, **kw):
+        return self.policy.forward_responses(**kw) if responses else self.policy(**kw)
 
 
 class LMActorWorker(Worker):
-    def __init__(self, model_spec: dict, tokenizer_path: str, algo_cfg: dict, seed: int, temperature: float = 1.0):
+    def __init__(self, model_spec: dict, tokenizer_path: str, algo_cfg: dict, seed: int, temperature: float = 1.0,
+                 actor_cfg: dict | None = None):
+        """``actor_cfg``: the run's ``actor`` section (``strategy``, ``ddp_max_gb``, ``attention``)
+        and ``max_tokens``, the longest prompt + response the run can produce."""
+        actor_cfg = actor_cfg or {}
         self.cfg = algo_cfg
         self.spec = get_algorithm(algo_cfg["name"])
         self.tokenizer = load_tokenizer(tokenizer_path)
         torch.manual_seed(seed)  # identical initial weights on every rank
         self.model = load_causal_lm(model_spec, len(self.tokenizer), seed=seed, tokenizer=self.tokenizer)
+        # SFT may pack rows under a 4-D block mask, which only the fused kernel reads as intended
+        set_attention(self.model, train_attention(actor_cfg.get("attention", "auto"), self.device.type,
+                                                  0 if self.spec.kind == "offline" else actor_cfg.get("max_tokens", 0)))
         self.lora = bool(model_spec.get("lora_rank", 0))
         self.policy = CausalLMPolicy(self.model, value_head=self.spec.uses_critic)
         self.policy.to(self.device)
@@ -54,16 +89,30 @@ class LMActorWorker(Worker):
         self.ref = None
         if self.use_ref and not self.lora:
             self.ref = CausalLMPolicy(copy.deepcopy(self.model).eval().requires_grad_(False))
+        self._strategy_cfg = (actor_cfg.get("strategy", "auto"), actor_cfg.get("ddp_max_gb", 2.0))
+        self._strategy: str | None = None
+        self.ddp: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None  # built after sharding (FSDP2 swaps parameters)
         self.version = 0
         self.updates = 0
         self.rng = np.random.default_rng(seed * 7919 + self.rank)
 
     # ------------------------------------------------------------------ set-up
+    def prepare(self) -> str:
+        """Builds what training needs (DDP replicas or FSDP shards, the optimizer; a collective
+        call: every rank at once) and returns the strategy in use."""
+        self._ready()
+        return self.strategy
+
     def _ready(self) -> None:
         if self.optimizer is not None:
             return
-        if self.world_size > 1 and dist.is_initialized():
+        if self.strategy == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            # rank 0's weights are broadcast at construction: every replica starts equal
+            self.ddp = DistributedDataParallel(_TrainForward(self.policy), broadcast_buffers=False)
+        elif self.strategy == "fsdp":
             from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
             for layer in self.model.get_decoder().layers if hasattr(self.model, "get_decoder") else []:
@@ -94,6 +143,8 @@ class LMActorWorker(Worker):
     def export_weights(self) -> WeightPacket | None:
         """The weights rollout engines load (rank 0 returns them; with FSDP every rank must take
         part in the gather, the others return None)."""
+        if self.rank != 0 and not self._sharded():
+            return None  # a replica: rank 0 holds the same weights
         state = self._full_state()
         if self.rank != 0:
             return None
@@ -111,6 +162,45 @@ class LMActorWorker(Worker):
     def _forward(self, rows: dict, with_entropy: bool = True, entropy_grad: bool = True, policy=None) -> dict:
         return (policy or self.policy).forward_responses(**rows, with_entropy=with_entropy, entropy_grad=entropy_grad,
                                                          temperature=self.temperature)
+
+    def _train_forward(self, rows: dict, entropy_grad: bool) -> dict:
+        """The update's pass over response rows; through DDP when replicated (arms its all-reduce)."""
+        if self.ddp is None:
+            return self._forward(rows, entropy_grad=entropy_grad)
+        return self.ddp(True, **rows, with_entropy=True, entropy_grad=entropy_grad, temperature=self.temperature)
+
+    # ------------------------------------------------------------------ ranks
+    @property
+    def strategy(self) -> str:
+        """``single``, ``ddp`` or ``fsdp``; resolved on first use, once the process group the
+        worker group sets up after construction exists."""
+        if self._strategy is None:
+            choice, max_gb = self._strategy_cfg
+            trainable = sum(p.numel() for p in self.policy.parameters() if p.requires_grad)
+            self._strategy = choose_strategy(choice, trainable, max_gb) if self._distributed() else "single"
+        return self._strategy
+
+    def _distributed(self) -> bool:
+        return self.world_size > 1 and dist.is_initialized()
+
+    def _minibatches(self, n: int, minibatch_size: int) -> int:
+        """Minibatches per epoch, equal on every rank (each step is a collective: a rank taking one
+        step more would wait forever): as many as the smallest shard holds."""
+        if self._distributed():
+            t = torch.tensor([n], dtype=torch.long)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            n = int(t)
+        return max(1, n // max(1, min(n, minibatch_size)))
+
+    def _rank_weight(self, count: torch.Tensor) -> torch.Tensor | float:
+        """This rank's loss weight: world size x its share of the minibatch's ``count`` (tokens or
+        responses, what the loss averages over). Ranks' gradients are averaged, so the result is
+        the gradient of the whole minibatch's loss even when shards differ in size."""
+        if not self._distributed():
+            return 1.0
+        total = count.detach().double().reshape(1).clone()
+        dist.all_reduce(total)
+        return float(self.world_size * count.double() / total.clamp_min(1.0))
 
     @torch.no_grad()
     def score(self, batch: dict) -> dict:
@@ -153,6 +243,7 @@ class LMActorWorker(Worker):
         weights the surrogate by pi_old / pi_behaviour."""
         self._ready()
         t0 = time.perf_counter()
+        self._timing = dict.fromkeys(("time/actor_forward", "time/actor_backward", "time/actor_step"), 0.0)
         c = self.cfg
         self.policy.train()
         for g in self.optimizer.param_groups:
@@ -166,17 +257,19 @@ class LMActorWorker(Worker):
         use_kl = c.get("kl_mode", "loss") == "loss" and c.get("kl_coef", 0.0) > 0 and "ref_logprobs" in tok
         sums: dict[str, list[float]] = {}
         n = mask.shape[0]
-        mb = min(n, c.get("minibatch_size", n))
+        k = self._minibatches(n, c.get("minibatch_size", n))
+        mb = n // k
         entropy_grad = c.get("ent_coef", 0.0) > 0  # otherwise the entropy is only logged
         single_pass = "old_logprobs" not in tok
-        if single_pass and (c.get("epochs", 1) != 1 or mb != n):
+        if single_pass and (c.get("epochs", 1) != 1 or k != 1):
             raise RuntimeError("update without old_logprobs needs one epoch of one minibatch (score the rows first)")
         gaps: list[torch.Tensor] = []
         for _ in range(c.get("epochs", 1)):
             order = self.rng.permutation(n)
-            for s in range(0, n - mb + 1, mb):
+            for s in range(0, k * mb, mb):
+                t_fwd = time.perf_counter()
                 idx = torch.as_tensor(order[s : s + mb], device=self.device)
-                out = self._forward(select_rows(rows, idx), entropy_grad=entropy_grad)
+                out = self._train_forward(select_rows(rows, idx), entropy_grad)
                 m = mask[idx]
                 old = out["logprobs"].detach() if single_pass else tok["old_logprobs"][idx]
                 if single_pass and "rollout_logprobs" in tok:  # the train-inference gap, measured here
@@ -193,13 +286,17 @@ class LMActorWorker(Worker):
                     vf_coef=c.get("vf_coef", 0.5),
                 )
                 terms.setdefault("entropy", (out["entropy"] * m).sum() / m.sum().clamp_min(1))
-                self._step(total_loss(terms), terms, sums)
+                count = m.sum() if c.get("loss_agg", "token_mean") == "token_mean" else torch.tensor(float(len(idx)))
+                loss = total_loss(terms) * self._rank_weight(count)
+                self._timing["time/actor_forward"] += time.perf_counter() - t_fwd
+                self._step(loss, terms, sums)
         self.version += 1
         metrics = {k: float(np.mean(v)) for k, v in sums.items()}
         if gaps:
             gap = torch.cat(gaps)
             metrics["logprob_gap_sum"], metrics["logprob_gap_max"] = float(gap.sum()), float(gap.max()) if gap.numel() else 0.0
         metrics["time/actor_update"] = time.perf_counter() - t0
+        metrics.update(self._timing)
         metrics["tokens"] = int(mask.sum())
         metrics["peak_rss_mb"] = peak_rss_mb()
         return metrics
@@ -215,21 +312,30 @@ class LMActorWorker(Worker):
         attn = _tensor(batch["attention_mask"], dtype=torch.bool if packed else torch.long, device=self.device)
         target = _tensor(batch["target_mask"], dtype=torch.bool, device=self.device)[:, 1:]
         pos = batch.get("position_ids")
-        out = self.policy(ids, attn, with_entropy=False, position_ids=None if pos is None else _tensor(pos, device=self.device))
-        terms = sft_loss(out["logprobs"], target, self.cfg.get("loss_agg", "token_mean"))
+        kw = dict(input_ids=ids, attention_mask=attn, with_entropy=False,
+                  position_ids=None if pos is None else _tensor(pos, device=self.device))
+        out = self.policy(**kw) if self.ddp is None else self.ddp(False, **kw)
+        agg = self.cfg.get("loss_agg", "token_mean")
+        terms = sft_loss(out["logprobs"], target, agg)
         sums: dict[str, list[float]] = {}
-        self._step(total_loss(terms), terms, sums)
+        self._timing = dict.fromkeys(("time/actor_forward", "time/actor_backward", "time/actor_step"), 0.0)
+        count = target.sum() if agg == "token_mean" else torch.tensor(float(len(ids)))
+        self._step(total_loss(terms) * self._rank_weight(count), terms, sums)
         self.version += 1
         metrics = {k: v[0] for k, v in sums.items()}
         metrics["tokens"] = int(target.sum())
         return metrics
 
     def _step(self, loss: torch.Tensor, terms: dict, sums: dict) -> None:
+        t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # with DDP, the gradient all-reduce overlaps the end of it
+        t1 = time.perf_counter()
         max_norm = self.cfg.get("max_grad_norm", 1.0) or math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.policy.parameters() if p.requires_grad], max_norm)
         self.optimizer.step()
+        self._timing["time/actor_backward"] += t1 - t0
+        self._timing["time/actor_step"] += time.perf_counter() - t1
         self.updates += 1
         for k, v in terms.items():
             sums.setdefault(k, []).append(float(v.detach().float().mean()))
@@ -237,15 +343,18 @@ class LMActorWorker(Worker):
 
     # ------------------------------------------------------------------ checkpoints
     def _sharded(self) -> bool:
-        return self.world_size > 1 and dist.is_initialized()
+        return self.strategy == "fsdp"
 
     def state(self) -> dict:
         """Weights, optimizer and counters. Sharded, the full weights and optimizer state are
-        gathered onto rank 0 (the others return only their counters and random states), so a
-        checkpoint does not depend on how many ranks wrote it."""
+        gathered onto rank 0; replicated, rank 0 holds them already. The other ranks return only
+        their counters and random states, so a checkpoint does not depend on how many ranks
+        wrote it."""
         self._ready()
         out = {"version": self.version, "updates": self.updates, "rng": self.rng.bit_generator.state,
                "torch": torch.get_rng_state()}
+        if self.strategy == "ddp" and self.rank != 0:
+            return out  # a replica of rank 0's weights and optimizer state
         if self._sharded():
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
@@ -270,6 +379,10 @@ class LMActorWorker(Worker):
                            optim_state_dict=state.get("optimizer", {}),
                            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
         else:
+            if self.strategy == "ddp":  # rank 0's part holds the (replicated) weights and optimizer state
+                box = [{"policy": state["policy"], "optimizer": state["optimizer"]} if self.rank == 0 else None]
+                dist.broadcast_object_list(box, src=0)
+                state = {**state, **box[0]}
             self.policy.load_state_dict(state["policy"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.version, self.updates = state["version"], state["updates"]
@@ -281,7 +394,7 @@ class LMActorWorker(Worker):
         state = self._full_state()
         if self.rank != 0:
             return None
-        if not self.lora and self.world_size == 1:
+        if not self.lora and not self._sharded():
             save_pretrained(self.model, self.tokenizer, path)
             return path
         config = (self.model.get_base_model() if self.lora else self.model).config

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
-from rlweave.cluster import Worker
+from rlweave.cluster import Worker, local_worker
 from rlweave.envs.text_tasks import Prompt, RewardRunner, make_task, score_responses
 from rlweave.models.causal_lm import load_causal_lm, load_tokenizer
 from rlweave.workers.weights import WeightPacket
@@ -62,6 +62,29 @@ class LMRolloutWorker(Worker):
         with self._lock:
             self._lock.wait_for(lambda: self.generations >= after)
             return self.generator.load_weights(packet)
+
+    def share_actor_weights(self, actor_group: str) -> bool:
+        """Collocated with the actor rank of the same rank number in this process: the engine's
+        parameters become views of that rank's (replicated, not sharded) trainer model, so a weight
+        sync is a version change (:meth:`follow_actor`). Returns False, changing nothing, where that
+        cannot hold: another backend, LoRA adapters (the engine holds merged weights) or a sharded
+        actor."""
+        from rlweave.workers.generation import HFGenerator
+
+        actor = local_worker(actor_group, self.rank)
+        if not isinstance(self.generator, HFGenerator) or actor.lora or actor.strategy == "fsdp":
+            return False
+        with self._lock:
+            self.generator.share_weights(actor.model)
+            self._actor = actor
+        return True
+
+    def follow_actor(self) -> tuple[bool, int]:
+        """The weight sync of an engine sharing its actor's parameters: takes the actor's version;
+        returns (still sharing, version)."""
+        with self._lock:
+            self.generator.version = self._actor.version
+            return self.generator.shares_weights(), self.generator.version
 
     def engine_state(self) -> dict:
         """The weights the engine generates with (tests compare them with the actor's)."""
