@@ -15,9 +15,11 @@ more than they save) or shard it with FSDP2 (``"fsdp"``: ``fully_shard`` on ever
 and the root; each rank holds a slice of the parameters and optimizer state, gradients are
 reduce-scattered, and ``export_weights`` gathers the full state dict for the rollout engines).
 Either way each rank's loss is weighted by its share of the minibatch's tokens (or responses), so
-unequal shards give the gradient of the whole minibatch, not an average of per-rank means. Every per-token tensor crossing the process boundary is
-*response-aligned* ``[B, R]``: response token j of row i at column j, like the rollout's log-probs.
-Each distinct prompt goes through the model once per pass, however many responses share it.
+unequal shards give the gradient of the whole minibatch, not an average of per-rank means.
+
+Every per-token tensor crossing the process boundary is *response-aligned* ``[B, R]``: response
+token j of row i at column j, like the rollout's log-probs. Each distinct prompt goes through the
+model once per pass, however many responses share it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ __all__ = ["LMActorWorker", "choose_strategy"]
 
 # training state per trainable parameter: weight, gradient and Adam's two moments in float32
 _TRAIN_BYTES_PER_PARAM = 16
+# where an update's time goes, inside this rank (the driver logs the slowest rank's)
+_TIMING_KEYS = ("time/actor_forward", "time/actor_backward", "time/actor_step")
 
 
 def choose_strategy(strategy: str, trainable_params: int, ddp_max_gb: float) -> str:
@@ -93,6 +97,7 @@ class LMActorWorker(Worker):
         self._strategy: str | None = None
         self.ddp: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None  # built after sharding (FSDP2 swaps parameters)
+        self._timing = dict.fromkeys(_TIMING_KEYS, 0.0)
         self.version = 0
         self.updates = 0
         self.rng = np.random.default_rng(seed * 7919 + self.rank)
@@ -192,7 +197,7 @@ class LMActorWorker(Worker):
             n = int(t)
         return max(1, n // max(1, min(n, minibatch_size)))
 
-    def _rank_weight(self, count: torch.Tensor) -> torch.Tensor | float:
+    def _rank_weight(self, count: torch.Tensor) -> float:
         """This rank's loss weight: world size x its share of the minibatch's ``count`` (tokens or
         responses, what the loss averages over). Ranks' gradients are averaged, so the result is
         the gradient of the whole minibatch's loss even when shards differ in size."""
@@ -243,7 +248,7 @@ class LMActorWorker(Worker):
         weights the surrogate by pi_old / pi_behaviour."""
         self._ready()
         t0 = time.perf_counter()
-        self._timing = dict.fromkeys(("time/actor_forward", "time/actor_backward", "time/actor_step"), 0.0)
+        self._timing = dict.fromkeys(_TIMING_KEYS, 0.0)
         c = self.cfg
         self.policy.train()
         for g in self.optimizer.param_groups:
@@ -318,7 +323,7 @@ class LMActorWorker(Worker):
         agg = self.cfg.get("loss_agg", "token_mean")
         terms = sft_loss(out["logprobs"], target, agg)
         sums: dict[str, list[float]] = {}
-        self._timing = dict.fromkeys(("time/actor_forward", "time/actor_backward", "time/actor_step"), 0.0)
+        self._timing = dict.fromkeys(_TIMING_KEYS, 0.0)
         count = target.sum() if agg == "token_mean" else torch.tensor(float(len(ids)))
         self._step(total_loss(terms) * self._rank_weight(count), terms, sums)
         self.version += 1
