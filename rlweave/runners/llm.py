@@ -573,6 +573,7 @@ class LLMRunner(RunnerBase):
     def _restore_parts(self, state: dict, remap_ranks: bool = False) -> None:
         shards = state["actor"]
         n = self.actor.world_size
+        remap_ranks = remap_ranks or bool(self._layouts)  # auto: a checkpoint may come from another layout
         if len(shards) != n and not remap_ranks:
             raise ConfigError(f"actor.num_workers: the checkpoint has {len(shards)} actor ranks, this run {n}")
         if len(shards) != n:  # rank 0 holds the full state; the others take their counters where they had some
