@@ -286,7 +286,7 @@ def test_collocated_rollout_engines_generate_with_their_actor_ranks_parameters(t
     construction; LoRA (merged weights) and async PPO (generation overlaps the update) keep
     checksummed packets."""
     runner, records = _run(tmp_path, "grpo-arith", *RL, *LOCAL, name="shared")
-    assert runner.shared_weights and records[-1]["time/sync"] < 0.05
+    assert runner.shared_weights and runner._last_packet is None  # no packet was ever built
     from rlweave.cluster import local_worker
 
     actor, engine = local_worker("actor", 0), local_worker("rollout", 0)

@@ -431,8 +431,9 @@ class LLMRunner(RunnerBase):
         if kl is not None:
             record["train/kl"] = float(kl[m].mean())
         # inside the slowest actor rank; time/update minus these is transfer and waiting
-        for k in ("time/actor_update", "time/actor_forward", "time/actor_backward", "time/actor_step"):
-            record[k] = max(o[k] for o in outs)
+        for k in outs[0]:
+            if k.startswith("time/actor_"):
+                record[k] = max(o[k] for o in outs)
         for k in outs[0]:
             if isinstance(outs[0][k], (int, float)) and not k.startswith(("time/", "logprob_gap")):
                 record[f"train/{k}" if not k.startswith("peak") else k] = float(np.mean([o[k] for o in outs]))
