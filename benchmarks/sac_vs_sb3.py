@@ -16,10 +16,18 @@ step, so both ratios are close; both are reported.
   SB3      a callback stamps the wall clock when ``num_timesteps`` crosses ``--skip`` and at the
            end of ``learn()``; one process, torch's default threads (2 here).
 
-Order: a warm-up run of each side (discarded), then ``--repeats`` interleaved pairs; per side the
-median, and the median / min / max of the per-pair ratios.
+Precision (``--precision``, default ``both``): SB3 computes in float32 (it has no other setting).
+rlweave runs its learner in float32 and, as a second side of the same run, with
+``actor.precision=bfloat16``: the hidden layers' matmuls under autocast (bf16 operands, float32
+accumulation; weights, gradients, Adam state, output layers and losses float32), which this CPU's
+avx512_bf16 units run at twice the float32 rate. ``ratio`` is the bfloat16 side's, ``ratio_float32``
+the float32 side's; that bf16 does not change what SAC learns is checked separately (``rlweave
+bench learning --recipe sac-pendulum ... actor.precision=bfloat16``, docs/results.md).
 
-    rlweave bench sac-vs-sb3 [--json FILE] [--steps N] [--skip N] [--repeats R]
+Order: a warm-up run of each side (discarded), then ``--repeats`` interleaved rounds; per side the
+median, and the median / min / max of the per-round ratios.
+
+    rlweave bench sac-vs-sb3 [--json FILE] [--steps N] [--skip N] [--repeats R] [--precision P]
     python benchmarks/sac_vs_sb3.py [same flags]
 """
 
@@ -48,7 +56,7 @@ LEARNING_STARTS = 100
 ROLLOUT_STEPS = 32  # rlweave: decisions per iteration (weights reach the rollout every 32 steps)
 
 
-def rlweave_overrides(steps: int, seed: int, run_dir: str) -> list[str]:
+def rlweave_overrides(steps: int, seed: int, run_dir: str, precision: str = "float32") -> list[str]:
     """Every setting that defines the work, pinned (a recipe change cannot change the comparison)."""
     return [
         f"run.dir={run_dir}", "run.progress=false", "run.tensorboard=false",
@@ -60,7 +68,7 @@ def rlweave_overrides(steps: int, seed: int, run_dir: str) -> list[str]:
         "algorithm.name=sac", f"algorithm.lr={LR}", f"algorithm.gamma={GAMMA}", f"algorithm.tau={TAU}",
         f"algorithm.batch_size={BATCH}", "algorithm.utd_ratio=1.0", f"algorithm.learning_starts={LEARNING_STARTS}",
         "algorithm.n_step=1", "algorithm.policy_delay=1", "algorithm.alpha_init=1.0", "algorithm.autotune_alpha=true",
-        f"seed={seed}",
+        f"actor.precision={precision}", f"seed={seed}",
     ]
 
 
@@ -68,21 +76,21 @@ def settings() -> dict:
     common = {
         "env": f"{ENV_ID}, 1 env", "network": f"actor {HIDDEN} relu, 2 critics {HIDDEN} relu", "batch": BATCH,
         "optimiser": f"Adam lr {LR}", "gamma / tau": f"{GAMMA} / {TAU}", "entropy": "auto (alpha0 1, target -1)",
-        "random steps": LEARNING_STARTS, "updates per env step": 1, "evaluation": "off", "dtype / device": "float32 / cpu",
+        "random steps": LEARNING_STARTS, "updates per env step": 1, "evaluation": "off", "device": "cpu",
     }
     return {
-        "rlweave": {**common, "processes": "driver + env/rollout process (slot 1) + learner process (slot 0)",
+        "rlweave": {**common, "learner precision": "float32, and bfloat16 autocast as a second side (--precision)", "processes": "driver + env/rollout process (slot 1) + learner process (slot 0)",
                     "torch threads": "1 per worker process", "weights to rollout": f"every {ROLLOUT_STEPS} env steps"},
-        "sb3": {**common, "processes": "1", "torch threads": "torch default (2)", "weights to rollout": "same process"},
+        "sb3": {**common, "precision": "float32", "processes": "1", "torch threads": "torch default (2)", "weights to rollout": "same process"},
     }
 
 
-def run_rlweave(steps: int, skip: int, seed: int) -> dict:
+def run_rlweave(steps: int, skip: int, seed: int, precision: str = "float32") -> dict:
     from rlweave.config import load_config
     from rlweave.runners.offpolicy import OffPolicyRunner
 
     with tempfile.TemporaryDirectory(prefix="bench-sac-rlweave-") as run_dir:
-        cfg = load_config("sac-pendulum", rlweave_overrides(steps, seed, run_dir))
+        cfg = load_config("sac-pendulum", rlweave_overrides(steps, seed, run_dir, precision))
         OffPolicyRunner(cfg, run_dir).run()
         records = [json.loads(line) for line in Path(run_dir, "metrics.jsonl").read_text().splitlines() if line.strip()]
     prev = 0
@@ -136,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", type=int, default=600, help="env steps left out at the start (start-up, warm-up)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", choices=("both", "bfloat16", "float32"), default="both",
+                   help="rlweave learner precision(s) measured against SB3's float32 (both: two rlweave sides)")
     args = p.parse_args(argv)
     if args.skip <= LEARNING_STARTS or args.skip >= args.steps:
         p.error(f"--skip must lie between the {LEARNING_STARTS} random steps and --steps")
@@ -144,28 +154,33 @@ def main(argv: list[str] | None = None) -> int:
     def fmt(side, r):
         return f"{r['steps_per_s']:.1f} env steps/s, {r['updates_per_s']:.1f} updates/s"
 
-    warm, res = C.interleave(
-        {"rlweave": lambda: run_rlweave(args.steps, args.skip, args.seed), "sb3": lambda: run_sb3(args.steps, args.skip, args.seed)},
-        args.repeats, describe=fmt,
-    )
-    rw, sb = res["rlweave"], res["sb3"]
-    steps_ratio = C.ratio_stats([r["steps_per_s"] for r in rw], [r["steps_per_s"] for r in sb])
-    upd_ratio = C.ratio_stats([r["updates_per_s"] for r in rw], [r["updates_per_s"] for r in sb])
-    out = {
-        "benchmark": "sac-vs-sb3",
-        "ratio": steps_ratio["median"],
-        "ratio_env_steps_per_s": steps_ratio,
-        "ratio_updates_per_s": upd_ratio,
-        "rlweave": {"env_steps_per_s": C.median([r["steps_per_s"] for r in rw]), "updates_per_s": C.median([r["updates_per_s"] for r in rw]),
-                    "learner_s_per_update": C.median([r["actor_s_per_update"] for r in rw]), "runs": rw},
-        "sb3": {"env_steps_per_s": C.median([r["steps_per_s"] for r in sb]), "updates_per_s": C.median([r["updates_per_s"] for r in sb]), "runs": sb},
-        "settings": settings(),
-        "window": [args.skip, args.steps],
-        "environment": C.environment_info(),
-    }
-    print(f"rlweave: {out['rlweave']['env_steps_per_s']:.1f} env steps/s, {out['rlweave']['updates_per_s']:.1f} updates/s")
-    print(f"SB3:     {out['sb3']['env_steps_per_s']:.1f} env steps/s, {out['sb3']['updates_per_s']:.1f} updates/s")
-    print(f"ratio env steps/s: {C.fmt_ratio(steps_ratio)}   ratio updates/s: {C.fmt_ratio(upd_ratio)}   (target >= 1.5)")
+    precisions = ("bfloat16", "float32") if args.precision == "both" else (args.precision,)
+    side = {"bfloat16": "rlweave", "float32": "rlweave-float32" if len(precisions) > 1 else "rlweave"}
+    sides = {side[pr]: (lambda pr=pr: run_rlweave(args.steps, args.skip, args.seed, pr)) for pr in precisions}
+    warm, res = C.interleave({**sides, "sb3": lambda: run_sb3(args.steps, args.skip, args.seed)}, args.repeats, describe=fmt)
+    sb = res["sb3"]
+
+    def summary(rw: list[dict]) -> dict:
+        return {"env_steps_per_s": C.median([r["steps_per_s"] for r in rw]), "updates_per_s": C.median([r["updates_per_s"] for r in rw]),
+                "learner_s_per_update": C.median([r["actor_s_per_update"] for r in rw]), "runs": rw}
+
+    out = {"benchmark": "sac-vs-sb3"}
+    for pr in precisions:
+        rw = res[side[pr]]
+        steps_ratio = C.ratio_stats([r["steps_per_s"] for r in rw], [r["steps_per_s"] for r in sb])
+        upd_ratio = C.ratio_stats([r["updates_per_s"] for r in rw], [r["updates_per_s"] for r in sb])
+        suffix = "" if pr == precisions[0] else f"_{pr}"
+        out.update({f"ratio{suffix}": steps_ratio["median"], f"ratio_env_steps_per_s{suffix}": steps_ratio,
+                    f"ratio_updates_per_s{suffix}": upd_ratio, f"{side[pr]}": {"precision": pr, **summary(rw)}})
+        print(f"rlweave ({pr}): {out[side[pr]]['env_steps_per_s']:.1f} env steps/s, {out[side[pr]]['updates_per_s']:.1f} updates/s, "
+              f"learner {out[side[pr]]['learner_s_per_update'] * 1e3:.1f} ms/update")
+        print(f"  ratio env steps/s: {C.fmt_ratio(steps_ratio)}   ratio updates/s: {C.fmt_ratio(upd_ratio)}   (target >= 1.5)")
+    out.update({
+        "sb3": {"precision": "float32", "env_steps_per_s": C.median([r["steps_per_s"] for r in sb]),
+                "updates_per_s": C.median([r["updates_per_s"] for r in sb]), "runs": sb},
+        "settings": settings(), "window": [args.skip, args.steps], "environment": C.environment_info(),
+    })
+    print(f"SB3 (float32): {out['sb3']['env_steps_per_s']:.1f} env steps/s, {out['sb3']['updates_per_s']:.1f} updates/s")
     C.write_json(args.json, out)
     return 0
 

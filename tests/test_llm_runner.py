@@ -48,6 +48,7 @@ def _run(tmp_path: Path, recipe: str, *overrides: str, name: str = "run") -> tup
     (["task.reward_fn=nonexistent_module:f"], "task.reward_fn: cannot load 'nonexistent_module:f'"),
     (["task.ops=[/]"], "task.ops"),
     (["placement.mode=auto", "run.deterministic=true"], "run.deterministic: placement.mode=auto chooses the layout"),
+    (["actor.precision=bfloat16"], "actor.precision: language models choose their dtype with model.dtype"),
 ])
 def test_bad_llm_config_is_refused_on_one_line_before_start(tmp_path, overrides, fragment):
     with pytest.raises(ConfigError) as e:

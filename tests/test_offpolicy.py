@@ -258,6 +258,49 @@ def test_each_loss_term_trains_only_its_own_parameters(loss_fn, norm):
     assert all(p.grad is None for p in target.parameters())
 
 
+def test_bfloat16_autocast_runs_the_hidden_layers_in_bf16_and_keeps_outputs_and_gradients_float32():
+    """actor.precision=bfloat16: the learner's losses run under autocast. The hidden layers' matmuls
+    take bf16 (their outputs are bf16), Q-values and the policy's means / log-probs stay float32,
+    and the losses land within bf16 rounding of the float32 ones (but not on them: bf16 was used)."""
+    actor, critic, target, log_alpha, batch = _sac_parts()
+    nets = LearnerNets(actor, critic, target, log_alpha=log_alpha)
+    hidden_dtypes = []
+    hook = actor.body.register_forward_hook(lambda m, i, o: hidden_dtypes.append(o.dtype))
+
+    def losses(autocast: bool):
+        for p in [*actor.parameters(), *critic.parameters(), log_alpha]:
+            p.grad = None
+        torch.manual_seed(5)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = sac_loss(batch, nets, LossOptions(target_entropy=-2.0))
+            q = critic(batch["obs"], batch["action"])
+        sum(v for k, v in out.items() if k.startswith("loss_")).backward()
+        return out, q, [p.grad.clone() for p in critic.parameters()]
+
+    ref, q32, g32 = losses(False)
+    assert hidden_dtypes == [torch.float32] * 2
+    hidden_dtypes.clear()
+    out, q16, g16 = losses(True)
+    hook.remove()
+    assert hidden_dtypes == [torch.bfloat16] * 2  # the actor's trunk: next actions, then the actor's own
+    assert q16.dtype == torch.float32 and not torch.equal(q16, q32)
+    assert torch.allclose(q16, q32, atol=0.05, rtol=0.02)
+    for term in ("loss_qvalue", "loss_actor", "loss_alpha"):
+        assert out[term].dtype == torch.float32, term
+        assert out[term].item() == pytest.approx(ref[term].item(), rel=0.05, abs=0.02), term
+    for a, b in zip(g16, g32):
+        assert a.dtype == torch.float32
+        assert F.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.98
+    # CrossQ's batch statistics are taken in float32 from the bf16 layers; the running ones move
+    actor, critic, _, log_alpha, batch = _sac_parts("batch")
+    before = critic.running_mean_1.clone()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = crossq_loss(batch, LearnerNets(actor, critic, log_alpha=log_alpha), LossOptions(target_entropy=-2.0))
+    out["loss_qvalue"].backward()
+    assert critic.running_mean_1.dtype == torch.float32 and not torch.equal(critic.running_mean_1, before)
+    assert math.isfinite(out["loss_qvalue"].item()) and critic.weights[0].grad.dtype == torch.float32
+
+
 def test_policy_delay_leaves_out_the_actor_and_alpha_terms():
     actor, critic, target, log_alpha, batch = _sac_parts()
     nets = LearnerNets(actor, critic, target, log_alpha=log_alpha)
@@ -422,6 +465,7 @@ def no_cluster_start(monkeypatch):
         ("sac-pendulum", ["policy.name=mlp"], "policy.name: sac learns a tanh-squashed Gaussian actor"),
         ("sac-pendulum", ["critic.norm=group"], "critic.norm"),
         ("sac-pendulum", ["placement.groups.actor.threads=0"], "placement.groups.actor.threads: must be >= 1"),
+        ("ppo-cartpole", ["actor.precision=bfloat16"], "actor.precision: bfloat16 applies to the off-policy learner; ppo's actor"),
     ],
 )
 def test_off_policy_bad_input_is_refused_before_start(capsys, tmp_path, no_cluster_start, recipe, overrides, fragment):

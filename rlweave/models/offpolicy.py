@@ -33,6 +33,12 @@ _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _LOG2 = math.log(2.0)
 
 
+def _full_precision(t: Tensor):
+    """Autocast switched off for an output layer (``actor.precision=bfloat16`` trains the hidden
+    layers under autocast; heads and losses stay float32)."""
+    return torch.autocast(t.device.type, enabled=False)
+
+
 class SquashedGaussianPolicy(nn.Module):
     """tanh-squashed Gaussian actor on flat observations (SAC/SB3 layout: MLP trunk, one linear head for
     means and log-stds, log-stds clamped to ``log_std_bounds``)."""
@@ -74,7 +80,9 @@ class SquashedGaussianPolicy(nn.Module):
         self.register_buffer("action_bias", torch.from_numpy((high + low) / 2.0))
 
     def _mean_log_std(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        out = self.head(self.body(obs.to(self.head.weight.dtype)))
+        features = self.body(obs.to(self.head.weight.dtype))
+        with _full_precision(features):  # means and log-stds feed exp, tanh and log-probs
+            out = self.head(features.to(self.head.weight.dtype))
         if self.log_std is None:
             return out.chunk(2, dim=-1)
         return out, self.log_std.expand_as(out)
@@ -183,11 +191,8 @@ class QEnsemble(nn.Module):
         if self.norm == "batch":
             h = self._batch_norm(h, 0, p, batch_stats)
             k = 1
-        last = len(self.weights) - 1
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+        for w, b in zip(self.weights[:-1], self.biases[:-1]):
             h = torch.baddbmm(p(b), h, p(w))
-            if i == last:
-                break
             if self.norm == "layer":
                 h = F.layer_norm(h, h.shape[-1:]) * p(self.norm_weight[k]) + p(self.norm_bias[k])
                 k += 1
@@ -195,12 +200,15 @@ class QEnsemble(nn.Module):
                 h = self._batch_norm(h, k, p, batch_stats)
                 k += 1
             h = self.act_fn(h)
-        return h.squeeze(-1)
+        w, b = self.weights[-1], self.biases[-1]
+        with _full_precision(h):  # the values regress onto targets of order 1e3: never in bf16
+            return torch.baddbmm(p(b), h.to(w.dtype), p(w)).squeeze(-1)
 
     def _batch_norm(self, h: Tensor, k: int, p, batch_stats: bool) -> Tensor:
         mean_buf, var_buf = getattr(self, f"running_mean_{k}"), getattr(self, f"running_var_{k}")
         if batch_stats:
-            var, mean = torch.var_mean(h, dim=1, keepdim=True, correction=0)
+            # statistics in float32 also when the layer ran in bf16 (actor.precision)
+            var, mean = torch.var_mean(h.float(), dim=1, keepdim=True, correction=0)
             with torch.no_grad():
                 n = h.shape[1]
                 mean_buf.lerp_(mean.detach(), self.bn_momentum)

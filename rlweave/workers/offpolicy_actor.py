@@ -45,8 +45,13 @@ class OffPolicyActorWorker(Worker):
         chunk: int,
         seed: int,
         total_updates: int = 0,
+        precision: str = "float32",
     ):
         self.cfg = algo_cfg
+        # actor.precision=bfloat16: the losses run under autocast, so the hidden layers' matmuls
+        # (nearly all of an update's time) take bf16 operands with float32 accumulation; the
+        # models keep their output layers, and the optimiser its state, in float32
+        self.autocast_dtype = torch.bfloat16 if precision == "bfloat16" else None
         self.total_updates = int(total_updates)  # the horizon of algorithm.actor_lr_schedule
         self.spec = get_algorithm(algo_cfg["name"])
         self.loss_fn = get_policy_loss(self.spec.loss)
@@ -140,7 +145,8 @@ class OffPolicyActorWorker(Worker):
                 for g in self.scheduled:
                     g["lr"] = g["initial_lr"] * 0.5 * (1.0 + math.cos(math.pi * frac))
             batch = {k: v[u] for k, v in data.items()}
-            out = self.loss_fn(batch, self.nets, self.loss_options, update_actor=self.updates % delay == 0)
+            with self._autocast():
+                out = self.loss_fn(batch, self.nets, self.loss_options, update_actor=self.updates % delay == 0)
             loss = sum(v for k, v in out.items() if k.startswith("loss_"))
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -157,6 +163,10 @@ class OffPolicyActorWorker(Worker):
         return metrics
 
     # ------------------------------------------------------------------ weights and state
+    def _autocast(self):
+        dtype = self.autocast_dtype
+        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
+
     def export_weights(self) -> WeightPacket:
         return share_packet(pack_state(self.policy, self.version))
 
