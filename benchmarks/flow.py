@@ -20,7 +20,15 @@ change), median over the measured iterations; full-iteration figures are printed
 The bound is computed from the stage times measured in the collocated run (where nothing else
 runs beside either stage): bound = 1 / max(env, inference) per decision, sequential = 1 / sum.
 
-    rlweave bench flow [--json FILE] [--iterations N] [--envs N] [--hidden 1024,1024,1024]
+Stage balance: pipelining two stages gains most when they cost the same, and on a shared CPU
+the ratio of MuJoCo stepping to MLP inference moves from machine to machine and hour to hour (runs
+of this bench measured inference at 0.6x to 2.1x the env stage with the same 3 x 1024 policy). So
+by default (``--hidden auto``) the bench first times, in its own process on one thread, one step of
+the ``--envs`` envs and the policy's ``act`` on ``--envs`` rows for a ladder of widths, and runs
+every plan with the 3-layer width whose inference time is closest to the env step's. The widths,
+times and choice are printed and written to the JSON. ``--hidden 1024,1024,1024`` pins a width.
+
+    rlweave bench flow [--json FILE] [--iterations N] [--envs N] [--hidden auto|1024,1024,1024]
 """
 
 from __future__ import annotations
@@ -33,6 +41,48 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+
+WIDTHS = (384, 512, 640, 768, 896, 1024, 1280)  # the ladder --hidden auto chooses from
+
+
+def calibrate_width(args) -> dict:
+    """Times one step of ``args.envs`` envs (random actions) and ``act`` of the workflow's policy
+    on as many rows for each width of ``WIDTHS`` (3 layers, tanh, as in the runs), one thread;
+    returns the width whose inference time is closest to the env step's, with every timing."""
+    import numpy as np
+    import torch
+
+    from rlweave.envs.vector import VectorEnv
+    from rlweave.models import build_policy
+
+    torch.set_num_threads(1)
+    envs = VectorEnv(args.env_id, args.envs, seed=args.seed)
+    obs = envs.reset()
+    rng = np.random.default_rng(args.seed)
+    space = envs.single_action_space
+
+    def env_step() -> None:
+        act = rng.uniform(space.low, space.high, size=(args.envs, 1, *space.shape)).astype(np.float32)
+        envs.step(act)
+
+    def best_of(fn, reps: int = 5) -> float:
+        fn()  # warm-up
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    env_s = best_of(env_step)
+    x = torch.from_numpy(obs.astype(np.float32))
+    inference = {}
+    for width in WIDTHS:
+        policy = build_policy("mlp", envs.single_observation_space, space, hidden=[width] * 3, activation="tanh")
+        inference[width] = best_of(lambda: policy.act(x))
+    width = min(WIDTHS, key=lambda w: abs(inference[w] - env_s))
+    return {"env_step_s": env_s, "inference_s": inference, "width": width}
 
 
 def _overrides(args, run_dir: str, extra: list[str]) -> list[str]:
@@ -139,7 +189,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", metavar="FILE", help="write the headline figures as one JSON object")
     ap.add_argument("--env-id", default="HalfCheetah-v5")
     ap.add_argument("--envs", type=int, default=512, help="envs in the workflow (all env workers together)")
-    ap.add_argument("--hidden", default="1024,1024,1024", help="policy MLP widths")
+    ap.add_argument("--hidden", default="auto",
+                    help="policy MLP widths, or auto: the 3-layer width whose inference time matches the env step's")
     ap.add_argument("--steps", type=int, default=8, help="decisions per env per iteration")
     ap.add_argument("--iterations", type=int, default=5, help="iterations per fixed plan (auto runs twice as many)")
     ap.add_argument("--depths", default="2,4", help="micro-batch counts tried for the pipelined fixed plans")
@@ -147,6 +198,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     depths = [int(x) for x in args.depths.split(",")]
+    calibration = None
+    if args.hidden == "auto":
+        calibration = calibrate_width(args)
+        args.hidden = ",".join([str(calibration["width"])] * 3)
+        print(f"calibration (one thread): {args.envs} envs step in {calibration['env_step_s'] * 1e3:.1f} ms; policy act on "
+              f"{args.envs} rows: " + ", ".join(f"{w}: {t * 1e3:.1f} ms" for w, t in calibration["inference_s"].items())
+              + f" -> width {calibration['width']}")
 
     print("flow benchmark: one PPO workflow, four execution plans")
     print(f"  {args.env_id}, {args.envs} envs, policy MLP [{args.hidden}], {args.steps} decisions/iteration, seed {args.seed}")
@@ -185,6 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": "flow",
         "baseline": "collocated-sequential (env and inference fused on one slot, one micro-batch)",
         "settings": {k: getattr(args, k) for k in ("env_id", "envs", "hidden", "steps", "iterations", "slots", "seed")},
+        "width_calibration": calibration,
         "stage_times_per_decision_s": {"env": per_decision_env, "inference": per_decision_inf},
         "bound_steps_per_s": bound,
         "sequential_steps_per_s": sequential,
