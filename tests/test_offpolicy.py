@@ -399,6 +399,28 @@ def test_async_sac_run_accounts_for_every_sample(ray_session, tmp_path):
     assert sum(len(it["transitions"]["reward"]) for it in replay[0]["staged"]) == 100
 
 
+def test_auto_placement_tries_each_layout_on_learning_iterations_and_loses_no_sample(ray_session, tmp_path):
+    """placement.mode=auto on 2 CPU slots: the learner beside collection, then apart from it; each
+    layout runs two learning iterations (the second timed; iterations before learning_starts are not
+    counted), then the faster measured. Every transition reaches the replay once across the switches."""
+    run_dir = tmp_path / "auto"
+    rc, out = train("sac-pendulum", *SMALL, "placement.mode=auto", "train.total_env_steps=800", "train.eval_every=0",
+                    "train.checkpoint_every=0", f"run.dir={run_dir}")
+    assert rc == 0, out
+    rows = read_metrics(run_dir)
+    assert [r["samples/updates"] for r in rows] == [0, 0, 50, 100, 100, 100, 100, 100]
+    layouts = [r["plan/layout"] for r in rows]
+    assert layouts[:6] == [0, 0, 0, 0, 1, 1]
+    best = 0 if rows[3]["time/iteration"] < rows[5]["time/iteration"] else 1
+    assert layouts[6:] == [best, best]
+    assert "placement auto: measured learner beside collection" in out and "learner apart" in out
+    assert [r["samples/ingested"] for r in rows] == [0] + [100] * 7  # each iteration takes the previous one's
+    assert rows[-1]["train/updates"] == 550 and max(r["samples/staleness"] for r in rows) <= 1
+    replay = load_checkpoint(latest_checkpoint(run_dir))["replay"]
+    assert replay[0]["rings"]["online"]["size"] == 700
+    assert sum(len(it["transitions"]["reward"]) for it in replay[0]["staged"]) == 100
+
+
 def test_same_seed_same_learning_and_resume_continues(ray_session, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for d in (a, b):
@@ -465,6 +487,8 @@ def no_cluster_start(monkeypatch):
         ("sac-pendulum", ["policy.name=mlp"], "policy.name: sac learns a tanh-squashed Gaussian actor"),
         ("sac-pendulum", ["critic.norm=group"], "critic.norm"),
         ("sac-pendulum", ["placement.groups.actor.threads=0"], "placement.groups.actor.threads: must be >= 1"),
+        ("sac-pendulum", ["placement.mode=auto", "env.num_workers=3", "rollout.num_workers=3"],
+         "placement.mode: auto found no layout for 3 env and 3 rollout workers on 2 cpu slot(s)"),
         ("ppo-cartpole", ["actor.precision=bfloat16"], "actor.precision: bfloat16 applies to the off-policy learner; ppo's actor"),
     ],
 )

@@ -18,6 +18,7 @@ from rlweave.cluster import Cluster, PlacementError, WorkerError, make_plan
 from rlweave.config import ConfigError
 from rlweave.envs import space_info
 from rlweave.models import build_policy
+from rlweave.runners.layouts import LayoutTrials
 from rlweave.utils.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace, truncate_metrics, write_text_atomic
 
@@ -140,8 +141,6 @@ def _check_off_policy(cfg: DictConfig) -> None:
     t = cfg.train
     if cfg.actor.num_workers != 1:
         raise ConfigError(f"actor.num_workers: the off-policy learner runs on one rank, got {cfg.actor.num_workers}")
-    if cfg.placement.mode == "auto":
-        raise ConfigError("placement.mode: auto is planned for the on-policy runner only; choose the slots of env, rollout and actor")
     if t.max_staleness == 0 and t.sync_every != 1:
         raise ConfigError(
             f"train.sync_every: {t.sync_every} cannot meet train.max_staleness=0 (collect-then-train needs fresh weights every iteration)"
@@ -245,6 +244,31 @@ class RunnerBase:
 
     def _after_iteration(self, record: dict) -> None:
         return None
+
+    # placement.mode=auto by trial (runners without a cost model): set by _plan_placement
+    _layouts: LayoutTrials | None = None
+
+    def _try_layouts(self, seconds: float | None) -> None:
+        """Counts an iteration of ``seconds`` (None: not representative, not counted) towards the
+        current layout's trial and moves to the next layout, or the chosen one, when due."""
+        if self._layouts is None or self._layouts.chosen or seconds is None or not self._more():
+            return
+        k = self._layouts.observe(seconds)
+        if k is not None:
+            self._switch_layout(k)
+
+    def _switch_layout(self, k: int) -> None:
+        """Moves the run to candidate layout ``k`` at this iteration boundary: the state of every
+        group (the checkpoint's parts) goes to the new layout's workers, so nothing is lost or
+        repeated."""
+        parts = self._parts()
+        self._stop_groups()
+        self._layouts.index = k
+        self.plan = self._layouts.plan
+        self._start()
+        self._restore_parts(parts)
+        self._sync_weights()
+        print(f"[rlweave] placement auto: {self._layouts.label}: {self.plan.describe()}")
 
     def _after_run(self) -> None:
         """After the final checkpoint, before the workers stop (e.g. export the model)."""

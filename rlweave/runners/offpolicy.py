@@ -35,9 +35,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from rlweave.channel import Channel
-from rlweave.cluster import GroupPlacement, WorkerGroup, wait_all
+from rlweave.cluster import Cluster, GroupPlacement, PlacementError, WorkerGroup, make_plan, wait_all
 from rlweave.models import build_policy
-from rlweave.runners.common import RunnerBase, policy_kwargs
+from rlweave.runners.common import RunnerBase, plan_placement, policy_kwargs
+from rlweave.runners.layouts import LayoutTrials
 from rlweave.runners.evaluate import evaluate_policy
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace
 from rlweave.workers.channels import ChannelSpec
@@ -59,6 +60,18 @@ class OffPolicyRunner(RunnerBase):
         self.offline = self.spec.kind == "offline"
         if self.offline:
             self._budget_unit = "updates"
+
+    def _plan_placement(self, cluster: Cluster):
+        if self.cfg.placement.mode != "auto":
+            return plan_placement(self.cfg, cluster)
+        self._layouts = LayoutTrials(offpolicy_layouts(self.cfg, cluster, offline=self.spec.kind == "offline"))
+        return self._layouts.plan
+
+    def _after_iteration(self, record: dict) -> None:
+        """``placement.mode=auto``: each candidate layout runs two learning iterations (the first
+        carries its start-up), the second is timed; then the fastest measured. Iterations before
+        ``learning_starts`` make no update and say nothing about a layout: not counted."""
+        self._try_layouts(record["time/iteration"] if record.get("samples/updates", 0) > 0 else None)
 
     def _budget(self) -> tuple[int, int]:
         if self.offline:
@@ -239,6 +252,8 @@ class OffPolicyRunner(RunnerBase):
         record["time/actor_wait"] = act_out["time/actor_wait"]
         record["time/weight_sync"] = t_sync
         record["time/iteration"] = t_iter
+        if self._layouts is not None:
+            record["plan/layout"] = self._layouts.index
         record["perf/env_steps_per_s"] = steps / t_iter
         record["perf/updates_per_s"] = due / t_iter
         record["mem/env_peak_rss_mb"] = max(o["peak_rss_mb"] for o in env_out)
@@ -255,3 +270,35 @@ class OffPolicyRunner(RunnerBase):
         unpack_into(self.eval_policy, resolve_buckets(packet.buckets))
         env_cfg = OmegaConf.to_container(self.cfg.env)
         return evaluate_policy(self.eval_policy, env_cfg, self.cfg.train.eval_episodes, seed=self.cfg.seed + 10_000 + self.iteration, gamma=self.cfg.algorithm.gamma)
+
+
+def offpolicy_layouts(cfg: DictConfig, cluster: Cluster, offline: bool = False) -> list[tuple[str, object]]:
+    """The layouts ``placement.mode=auto`` tries for an off-policy run (they choose every group's
+    slots; ``placement.groups`` is not used): the learner on the first slot with the env workers
+    and their rollout replicas beside it, and, with two slots or more, the env and rollout workers
+    on the second slot, apart from the learner. Which wins depends on how busy collection keeps its
+    slot (a cheap env leaves the learner's core almost free). An offline run has only a learner."""
+    workers = {"env": cfg.env.num_workers, "rollout": cfg.rollout.num_workers, "actor": 1}
+    n = cluster.num_slots
+
+    def layout(first: int):
+        """Env and rollout workers spread over slots ``first..`` (as many as there are env workers)."""
+        span = min(workers["env"], n - first)
+        if span < 1 or workers["env"] % span or workers["rollout"] % span:
+            return None
+        slots = f"{first}-{first + span - 1}"
+        explicit = {"actor": {"slots": "0"}, "env": {"slots": slots, "procs_per_slot": workers["env"] // span},
+                    "rollout": {"slots": slots, "procs_per_slot": workers["rollout"] // span}}
+        try:
+            return make_plan(cluster, workers, "collocated", explicit, cfg.placement.oversubscribe)
+        except PlacementError:
+            return None
+
+    layouts = [("learner beside collection", layout(0))]
+    if not offline:
+        layouts.append(("learner apart", layout(1)))
+    layouts = [(label, plan) for label, plan in layouts if plan is not None]
+    if not layouts:
+        raise PlacementError(f"placement.mode: auto found no layout for {workers['env']} env and {workers['rollout']} rollout "
+                             f"workers on {n} {cluster.slot_kind} slot(s); choose the slots or set placement.oversubscribe=true")
+    return layouts
