@@ -75,11 +75,12 @@ def plan_from_groups(env: GroupPlacement, rollout: GroupPlacement, micro_batches
 def candidate_plans(slots: list[Slot], total_envs: int, max_micro_batches: int = 4) -> list[FlowPlan]:
     """Every plan worth predicting on ``slots``: E env workers (E divides the env count, at most one
     per slot), R rollout workers (R divides E), fused on the same slots or on separate ones (disjoint
-    when they fit, else overlapping at the end), and k in 1, 2, 4, ... up to ``max_micro_batches``
-    (k divides each worker's env count)."""
+    when they fit, else overlapping at the end), and every k from 1 to ``max_micro_batches`` that
+    divides each worker's env count (3 matters: from k = 3 on, the hops between env and rollout
+    are hidden behind the other micro-batches' work; with k = 2 they lie on the critical path)."""
     n = len(slots)
     out: list[FlowPlan] = []
-    depths = [k for k in (1, 2, 4, 8, 16) if k <= max_micro_batches]
+    depths = range(1, max_micro_batches + 1)
     for e in range(1, n + 1):
         if total_envs % e:
             continue
