@@ -1,11 +1,12 @@
 """Execution plans of one workflow, measured in one run: collocated, disaggregated, hybrid, auto.
 
-The workflow is PPO on a MuJoCo task (HalfCheetah-v5 by default) with many envs (512) and a
+The workflow is PPO on a MuJoCo task (HalfCheetah-v5 by default) with many envs (768) and a
 policy big enough that inference costs about as much as env stepping (actor and critic MLPs of
-3 x 1024: a stand-in for the larger policies -- VLAs -- that make embodied RL inference-bound), so
-the order in which the two stages run matters. Many envs, because a forward of this MLP has a
-fixed cost of ~3 ms (its 17 MB of weights are read once per forward): a micro-batch must hold
-enough rows (128+) that splitting the batch does not multiply that cost. Every plan runs the same logical workflow (same
+3 layers, ~640-1024 wide: a stand-in for the larger policies -- VLAs -- that make embodied RL
+inference-bound), so the order in which the two stages run matters. Many envs, because a forward
+of such an MLP has a fixed cost of a few ms (its weights are read once per forward): a micro-batch
+must hold enough rows (128+) that splitting the batch does not multiply that cost, and 768 splits
+into 2, 3 and 4 micro-batches (from k = 3 on the hops between the stages are hidden). Every plan runs the same logical workflow (same
 envs, rollout length, policy, seed); only the physical layout changes:
 
   collocated     env and rollout fused in one process on slot 0, one micro-batch (the sequential
