@@ -278,3 +278,27 @@ def torch_load(path):
     import torch
 
     return torch.load(path, weights_only=False)
+
+
+def test_layout_trials_time_each_candidate_after_settling_then_keep_the_fastest(capsys):
+    from rlweave.runners.layouts import LayoutTrials
+
+    trials = LayoutTrials([("a", "plan-a"), ("b", "plan-b"), ("c", "plan-c")], settle=1)
+    assert (trials.plan, trials.chosen) == ("plan-a", False)
+    assert trials.observe(9.0) is None  # a's start-up: not timed
+    assert trials.observe(3.0) == 1  # a timed -> try b
+    trials.index = 1
+    assert trials.observe(9.0) is None and trials.observe(2.0) == 2
+    trials.index = 2
+    assert trials.observe(1.0) is None and trials.observe(4.0) == 1  # b was the fastest timed
+    trials.index = 1
+    assert trials.chosen and trials.observe(0.1) is None and trials.label == "b"
+    assert "measured a 3.000 s, b 2.000 s, c 4.000 s; chose b" in capsys.readouterr().out
+    # the last candidate the fastest: no switch is asked for; a single candidate is chosen at once
+    last = LayoutTrials([("a", 1), ("b", 2)], settle=0)
+    assert last.observe(5.0) == 1
+    last.index = 1
+    assert last.observe(1.0) is None and last.chosen and last.plan == 2
+    assert LayoutTrials([("only", 0)]).chosen
+    with pytest.raises(ValueError, match="at least one candidate"):
+        LayoutTrials([])
