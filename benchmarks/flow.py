@@ -24,7 +24,7 @@ runs beside either stage): bound = 1 / max(env, inference) per decision, sequent
 Stage balance: pipelining two stages gains most when they cost the same, and on a shared CPU
 the ratio of MuJoCo stepping to MLP inference moves from machine to machine and hour to hour (runs
 of this bench measured inference at 0.6x to 2.1x the env stage with the same 3 x 1024 policy). So
-by default (``--hidden auto``) the bench first times, in its own process on one thread, one step of
+by default (``--hidden auto``) the bench first times (median of 5), in its own process on one thread, one step of
 the ``--envs`` envs and the policy's ``act`` on ``--envs`` rows for a ladder of widths, and runs
 every plan with the 3-layer width whose inference time is closest to the env step's. The widths,
 times and choice are printed and written to the JSON. ``--hidden 1024,1024,1024`` pins a width.
@@ -55,6 +55,7 @@ def calibrate_width(args) -> dict:
     import torch
 
     from rlweave.envs.vector import VectorEnv
+    from rlweave.flow.profile import median_time
     from rlweave.models import build_policy
 
     torch.set_num_threads(1)
@@ -67,21 +68,12 @@ def calibrate_width(args) -> dict:
         act = rng.uniform(space.low, space.high, size=(args.envs, 1, *space.shape)).astype(np.float32)
         envs.step(act)
 
-    def best_of(fn, reps: int = 5) -> float:
-        fn()  # warm-up
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    env_s = best_of(env_step)
+    env_s = median_time(env_step, 5)
     x = torch.from_numpy(obs.astype(np.float32))
     inference = {}
     for width in WIDTHS:
         policy = build_policy("mlp", envs.single_observation_space, space, hidden=[width] * 3, activation="tanh")
-        inference[width] = best_of(lambda: policy.act(x))
+        inference[width] = median_time(lambda: policy.act(x), 5)
     width = min(WIDTHS, key=lambda w: abs(inference[w] - env_s))
     return {"env_step_s": env_s, "inference_s": inference, "width": width}
 

@@ -16,7 +16,8 @@ import torch
 from rlweave.flow.simulate import StageCosts
 
 
-def _median_time(fn, repeats: int) -> float:
+def median_time(fn, repeats: int) -> float:
+    """Median wall time of ``repeats`` calls of ``fn`` after one warm-up call."""
     fn()  # warm-up
     times = []
     for _ in range(repeats):
@@ -45,10 +46,10 @@ def measure_stage_costs(env_cfg: dict, policy, total_envs: int, repeats: int = 1
             x = x.float() if x.dtype != torch.uint8 else x
             with torch.inference_mode():
                 action = policy.act(x)[0].numpy()
-                costs.infer.add(rows, _median_time(lambda: policy.act(x), repeats))
+                costs.infer.add(rows, median_time(lambda: policy.act(x), repeats))
             if not hasattr(space, "n"):
                 action = np.clip(action, space.low, space.high)
-            costs.env.add(rows, _median_time(lambda: env.step(action, envs=sl), repeats))
+            costs.env.add(rows, median_time(lambda: env.step(action, envs=sl), repeats))
     finally:
         torch.set_num_threads(threads)
         env.close()
@@ -66,7 +67,7 @@ def _ray_round_trip(payload: np.ndarray, repeats: int = 50) -> float:
     try:
         echo = ray.remote(num_cpus=0)(_Echo).remote()
         ray.get(echo.echo.remote(payload))
-        return _median_time(lambda: ray.get(echo.echo.remote(payload)), repeats)
+        return median_time(lambda: ray.get(echo.echo.remote(payload)), repeats)
     finally:
         if started:
             ray.shutdown()
