@@ -24,10 +24,16 @@ avx512_bf16 units run at twice the float32 rate. ``ratio`` is the bfloat16 side'
 the float32 side's; that bf16 does not change what SAC learns is checked separately (``rlweave
 bench learning --recipe sac-pendulum ... actor.precision=bfloat16``, docs/results.md).
 
+Learner threads (``--update-threads``, default 2): the critic's and the actor's parts of each SAC
+update read the same weights and write disjoint gradients, so rlweave runs the actor's on a second
+thread while the critic's runs (``actor.update_threads=2``; the same numbers as one after the other,
+checked in tests/test_offpolicy.py). It lands on the core the env process leaves mostly idle. SB3
+uses its default 2 intra-op threads on the same 2 cores.
+
 Order: a warm-up run of each side (discarded), then ``--repeats`` interleaved rounds; per side the
 median, and the median / min / max of the per-round ratios.
 
-    rlweave bench sac-vs-sb3 [--json FILE] [--steps N] [--skip N] [--repeats R] [--precision P]
+    rlweave bench sac-vs-sb3 [--json FILE] [--steps N] [--skip N] [--repeats R] [--precision P] [--update-threads T]
     python benchmarks/sac_vs_sb3.py [same flags]
 """
 
@@ -56,7 +62,7 @@ LEARNING_STARTS = 100
 ROLLOUT_STEPS = 32  # rlweave: decisions per iteration (weights reach the rollout every 32 steps)
 
 
-def rlweave_overrides(steps: int, seed: int, run_dir: str, precision: str = "float32") -> list[str]:
+def rlweave_overrides(steps: int, seed: int, run_dir: str, precision: str = "float32", update_threads: int = 2) -> list[str]:
     """Every setting that defines the work, pinned (a recipe change cannot change the comparison)."""
     return [
         f"run.dir={run_dir}", "run.progress=false", "run.tensorboard=false",
@@ -68,11 +74,11 @@ def rlweave_overrides(steps: int, seed: int, run_dir: str, precision: str = "flo
         "algorithm.name=sac", f"algorithm.lr={LR}", f"algorithm.gamma={GAMMA}", f"algorithm.tau={TAU}",
         f"algorithm.batch_size={BATCH}", "algorithm.utd_ratio=1.0", f"algorithm.learning_starts={LEARNING_STARTS}",
         "algorithm.n_step=1", "algorithm.policy_delay=1", "algorithm.alpha_init=1.0", "algorithm.autotune_alpha=true",
-        f"actor.precision={precision}", f"seed={seed}",
+        f"actor.precision={precision}", f"actor.update_threads={update_threads}", f"seed={seed}",
     ]
 
 
-def settings() -> dict:
+def settings(update_threads: int = 2) -> dict:
     common = {
         "env": f"{ENV_ID}, 1 env", "network": f"actor {HIDDEN} relu, 2 critics {HIDDEN} relu", "batch": BATCH,
         "optimiser": f"Adam lr {LR}", "gamma / tau": f"{GAMMA} / {TAU}", "entropy": "auto (alpha0 1, target -1)",
@@ -80,17 +86,20 @@ def settings() -> dict:
     }
     return {
         "rlweave": {**common, "learner precision": "float32, and bfloat16 autocast as a second side (--precision)", "processes": "driver + env/rollout process (slot 1) + learner process (slot 0)",
-                    "torch threads": "1 per worker process", "weights to rollout": f"every {ROLLOUT_STEPS} env steps"},
+                    "torch threads": "1 per worker process (intra-op)",
+                    "learner update threads": (f"{update_threads}: critic and actor parts of each update at once" if update_threads > 1
+                                               else "1: critic and actor parts one after the other"),
+                    "weights to rollout": f"every {ROLLOUT_STEPS} env steps"},
         "sb3": {**common, "precision": "float32", "processes": "1", "torch threads": "torch default (2)", "weights to rollout": "same process"},
     }
 
 
-def run_rlweave(steps: int, skip: int, seed: int, precision: str = "float32") -> dict:
+def run_rlweave(steps: int, skip: int, seed: int, precision: str = "float32", update_threads: int = 2) -> dict:
     from rlweave.config import load_config
     from rlweave.runners.offpolicy import OffPolicyRunner
 
     with tempfile.TemporaryDirectory(prefix="bench-sac-rlweave-") as run_dir:
-        cfg = load_config("sac-pendulum", rlweave_overrides(steps, seed, run_dir, precision))
+        cfg = load_config("sac-pendulum", rlweave_overrides(steps, seed, run_dir, precision, update_threads))
         OffPolicyRunner(cfg, run_dir).run()
         records = [json.loads(line) for line in Path(run_dir, "metrics.jsonl").read_text().splitlines() if line.strip()]
     prev = 0
@@ -146,17 +155,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--precision", choices=("both", "bfloat16", "float32"), default="both",
                    help="rlweave learner precision(s) measured against SB3's float32 (both: two rlweave sides)")
+    p.add_argument("--update-threads", type=int, choices=(1, 2), default=2,
+                   help="rlweave learner: run the critic and actor parts of each update on 2 threads at once, or on 1")
     args = p.parse_args(argv)
     if args.skip <= LEARNING_STARTS or args.skip >= args.steps:
         p.error(f"--skip must lie between the {LEARNING_STARTS} random steps and --steps")
-    C.print_settings("SAC: rlweave vs Stable-Baselines3 (same work)", settings(), {"window": f"env steps {args.skip}..{args.steps}"})
+    C.print_settings("SAC: rlweave vs Stable-Baselines3 (same work)", settings(args.update_threads), {"window": f"env steps {args.skip}..{args.steps}"})
 
     def fmt(side, r):
         return f"{r['steps_per_s']:.1f} env steps/s, {r['updates_per_s']:.1f} updates/s"
 
     precisions = ("bfloat16", "float32") if args.precision == "both" else (args.precision,)
     side = {"bfloat16": "rlweave", "float32": "rlweave-float32" if len(precisions) > 1 else "rlweave"}
-    sides = {side[pr]: (lambda pr=pr: run_rlweave(args.steps, args.skip, args.seed, pr)) for pr in precisions}
+    sides = {side[pr]: (lambda pr=pr: run_rlweave(args.steps, args.skip, args.seed, pr, args.update_threads)) for pr in precisions}
     warm, res = C.interleave({**sides, "sb3": lambda: run_sb3(args.steps, args.skip, args.seed)}, args.repeats, describe=fmt)
     sb = res["sb3"]
 
@@ -178,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     out.update({
         "sb3": {"precision": "float32", "env_steps_per_s": C.median([r["steps_per_s"] for r in sb]),
                 "updates_per_s": C.median([r["updates_per_s"] for r in sb]), "runs": sb},
-        "settings": settings(), "window": [args.skip, args.steps], "environment": C.environment_info(),
+        "settings": settings(args.update_threads), "update_threads": args.update_threads, "window": [args.skip, args.steps], "environment": C.environment_info(),
     })
     print(f"SB3 (float32): {out['sb3']['env_steps_per_s']:.1f} env steps/s, {out['sb3']['updates_per_s']:.1f} updates/s")
     C.write_json(args.json, out)

@@ -226,12 +226,13 @@ def test_sac_loss_values_against_the_formulas():
     actor, critic, target, log_alpha, batch = _sac_parts()
     torch.manual_seed(5)
     out = sac_loss(batch, LearnerNets(actor, critic, target, log_alpha=log_alpha), LossOptions(target_entropy=-2.0))
-    torch.manual_seed(5)  # the same noise: the next action first, then the actor's own
+    torch.manual_seed(5)  # the same noise: the actor's own first (drawn before the parts), then the next action's
+    actor_noise = torch.randn(8, 2)
     with torch.no_grad():
         a2, lp2 = actor.sample(batch["next_obs"])
         y = batch["reward"] + 0.99 * (target(batch["next_obs"], a2).min(0).values - 0.5 * lp2)
         q = critic(batch["obs"], batch["action"])
-        a, lp = actor.sample(batch["obs"])
+        a, lp = actor.sample(batch["obs"], noise=actor_noise)
         q_pi = critic(batch["obs"], a).min(0).values
     assert out["loss_qvalue"].item() == pytest.approx((0.5 * ((q[0] - y) ** 2).mean() + 0.5 * ((q[1] - y) ** 2).mean()).item(), rel=1e-5)
     assert out["loss_actor"].item() == pytest.approx((0.5 * lp - q_pi).mean().item(), rel=1e-5)
@@ -299,6 +300,41 @@ def test_bfloat16_autocast_runs_the_hidden_layers_in_bf16_and_keeps_outputs_and_
     out["loss_qvalue"].backward()
     assert critic.running_mean_1.dtype == torch.float32 and not torch.equal(critic.running_mean_1, before)
     assert math.isfinite(out["loss_qvalue"].item()) and critic.weights[0].grad.dtype == torch.float32
+
+
+def test_sac_parts_on_two_threads_give_the_same_update_as_one_after_the_other():
+    """ActorCriticLoss: the critic part and the actor part read the same weights and write disjoint
+    gradients, so running the actor's on another thread (actor.update_threads=2) while the critic's
+    runs changes nothing, bit for bit; the actor's noise is drawn before either starts."""
+    import concurrent.futures as cf
+
+    actor, critic, target, log_alpha, batch = _sac_parts()
+    nets = LearnerNets(actor, critic, target, log_alpha=log_alpha)
+    params = [*actor.parameters(), *critic.parameters(), log_alpha]
+    opts = LossOptions(target_entropy=-2.0)
+
+    def grads_after(run) -> list[torch.Tensor]:
+        for p in params:
+            p.grad = None
+        torch.manual_seed(3)
+        run()
+        return [p.grad.clone() for p in params]
+
+    def backward(terms):
+        sum(v for k, v in terms.items() if k.startswith("loss_")).backward()
+        return terms
+
+    serial = grads_after(lambda: backward(sac_loss(batch, nets, opts)))
+    with cf.ThreadPoolExecutor(1) as pool:
+        def threaded():
+            b = sac_loss.prepare(batch, nets)
+            pending = pool.submit(lambda: backward(sac_loss.actor(b, nets, opts)))
+            backward(sac_loss.critic(b, nets, opts))
+            return pending.result()
+        parallel = grads_after(threaded)
+    assert all(torch.equal(a, b) for a, b in zip(serial, parallel))
+    assert all(g.abs().sum() > 0 for g in serial)
+    assert sac_loss.concurrent and not crossq_loss.concurrent  # CrossQ's actor reads the statistics its critic moves
 
 
 def test_policy_delay_leaves_out_the_actor_and_alpha_terms():
@@ -421,10 +457,10 @@ def test_auto_placement_tries_each_layout_on_learning_iterations_and_loses_no_sa
     assert sum(len(it["transitions"]["reward"]) for it in replay[0]["staged"]) == 100
 
 
-def test_same_seed_same_learning_and_resume_continues(ray_session, tmp_path):
+def test_same_seed_same_learning_on_one_or_two_update_threads_and_resume_continues(ray_session, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
-    for d in (a, b):
-        rc, out = train("sac-pendulum", *SMALL, f"run.dir={d}")
+    for d, threads in ((a, 1), (b, 2)):
+        rc, out = train("sac-pendulum", *SMALL, f"actor.update_threads={threads}", f"run.dir={d}")
         assert rc == 0, out
     ra, rb = read_metrics(a), read_metrics(b)
     key = ["train/loss_qvalue", "train/loss_actor", "train/alpha", "eval/episode_return"]
@@ -490,6 +526,8 @@ def no_cluster_start(monkeypatch):
         ("sac-pendulum", ["placement.mode=auto", "env.num_workers=3", "rollout.num_workers=3"],
          "placement.mode: auto found no layout for 3 env and 3 rollout workers on 2 cpu slot(s)"),
         ("ppo-cartpole", ["actor.precision=bfloat16"], "actor.precision: bfloat16 applies to the off-policy learner; ppo's actor"),
+        ("crossq-pendulum", ["actor.update_threads=2"], "actor.update_threads: 2 runs the critic's and the actor's parts of an update "
+         "at the same time; crossq's update has no such parts (rlpd, sac have)"),
     ],
 )
 def test_off_policy_bad_input_is_refused_before_start(capsys, tmp_path, no_cluster_start, recipe, overrides, fragment):

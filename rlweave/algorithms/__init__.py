@@ -20,7 +20,7 @@ from rlweave.algorithms.losses import (
     value_loss,
 )
 from rlweave.algorithms.imitation import bc_loss
-from rlweave.algorithms.offpolicy import LearnerNets, LossOptions, crossq_loss, iql_loss, rlpd_loss, sac_loss, soft_update
+from rlweave.algorithms.offpolicy import ActorCriticLoss, LearnerNets, LossOptions, crossq_loss, iql_loss, rlpd_loss, sac_loss, soft_update
 from rlweave.algorithms.registry import (
     ADVANTAGE_ESTIMATORS,
     ALGORITHM_KINDS,
@@ -51,6 +51,7 @@ __all__ = [
     "crossq_loss",
     "rlpd_loss",
     "iql_loss",
+    "ActorCriticLoss",
     "LearnerNets",
     "LossOptions",
     "bc_loss",

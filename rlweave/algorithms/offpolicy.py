@@ -11,6 +11,10 @@ over their sum and one optimiser step:
   (``critic(..., detach=True)``): no critic gradient is computed for it;
 * ``loss_alpha`` trains the temperature ``log_alpha`` against detached log-probs.
 
+SAC, RLPD and CrossQ are :class:`ActorCriticLoss` objects: the critic's term and the actor's
+(with the temperature's) come from two functions, which a learner may also run on two threads at
+the same time, since they read the same weights and write disjoint gradients.
+
 Compared with SB3's SAC, which steps alpha, then the critic, then computes the actor loss on the
 updated critic, the actor here sees the critic from before this step's update (one step apart, as
 in several JAX implementations); everything else (min over critics, target entropy, SB3's
@@ -28,12 +32,14 @@ in for k-step returns (``k`` <= n), so the losses know nothing about n-step or e
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LearnerNets", "LossOptions", "sac_loss", "crossq_loss", "rlpd_loss", "iql_loss", "soft_update"]
+__all__ = ["ActorCriticLoss", "LearnerNets", "LossOptions", "sac_critic_terms", "sac_actor_terms", "crossq_critic_terms", "sac_loss", "crossq_loss", "rlpd_loss", "iql_loss", "soft_update"]
 
 
 @dataclass
@@ -65,40 +71,17 @@ class LossOptions:
     max_weight: float = 100.0
 
 
-def _shared_terms(out: dict, q: Tensor, target: Tensor, alpha: Tensor, nets: LearnerNets, opts: LossOptions, obs: Tensor,
-                  update_actor: bool, actor_reduce: str = "min", batch_stats: bool = True) -> dict[str, Tensor]:
-    """The terms SAC and its variants share once their critic values ``q`` [E, B] and targets are
-    known: the critics' regression (SB3's 0.5-weighted sum of per-critic MSEs), and, on actor
-    steps, the actor's loss through the critic with detached weights (reduced over the ensemble by
-    ``min`` or ``mean``) and the temperature's loss."""
-    out["loss_qvalue"] = 0.5 * (q - target).square().mean(1).sum()
-    out["q_mean"] = q.detach().mean()
-    if update_actor:
-        action, log_prob = nets.actor.sample(obs)
-        qs = nets.critic(obs, action, detach=True, batch_stats=batch_stats)
-        q_pi = qs.mean(0) if actor_reduce == "mean" else qs.min(0).values
-        out["loss_actor"] = (alpha * log_prob - q_pi).mean()
-        if opts.autotune_alpha:
-            out["loss_alpha"] = -(nets.log_alpha * (log_prob.detach() + opts.target_entropy)).mean()
-        out["entropy"] = -log_prob.detach().mean()
-    out["alpha"] = alpha
-    return out
+def _critic_regression(q: Tensor, target: Tensor, alpha: Tensor) -> dict[str, Tensor]:
+    """The critics' regression onto their (detached) targets, SB3's 0.5-weighted sum of per-critic
+    MSEs over ``q`` [E, B]."""
+    return {"loss_qvalue": 0.5 * (q - target).square().mean(1).sum(), "q_mean": q.detach().mean(), "alpha": alpha}
 
 
-def sac_loss(
-    batch: dict[str, Tensor],
-    nets: LearnerNets,
-    opts: LossOptions,
-    update_actor: bool = True,
-    target_subset: int | None = None,
-    actor_reduce: str = "min",
-) -> dict[str, Tensor]:
-    """Soft actor-critic (Haarnoja et al. 2018, with automatic entropy tuning).
-
-    ``batch``: ``obs`` [B, O], ``action`` [B, A], ``reward`` [B], ``next_obs`` [B, O],
-    ``discount`` [B]. Uses ``nets.actor``, ``nets.critic``, ``nets.target`` and ``nets.log_alpha``. The target is the minimum over the target ensemble, or over a random
-    subset of ``target_subset`` of its members (REDQ/RLPD); the actor maximises the minimum
-    (``actor_reduce="min"``) or the mean (``"mean"``) of the critics."""
+def sac_critic_terms(batch: dict[str, Tensor], nets: LearnerNets, opts: LossOptions,
+                     target_subset: int | None = None) -> dict[str, Tensor]:
+    """SAC's critic part: ``Q(s, a)`` regresses ``r + discount * (min Q_target(s', a') - alpha log pi(a'|s'))``
+    with ``a'`` sampled from the actor. The minimum is over the target ensemble, or over a random
+    subset of ``target_subset`` of its members (REDQ/RLPD)."""
     obs, next_obs = batch["obs"], batch["next_obs"]
     alpha = nets.log_alpha.detach().exp()
     with torch.no_grad():
@@ -108,23 +91,31 @@ def sac_loss(
             next_qs = next_qs[torch.randperm(next_qs.shape[0], device=next_qs.device)[:target_subset]]
         next_q = next_qs.min(0).values - alpha * next_log_prob
         target = batch["reward"] + batch["discount"] * next_q
-    q = nets.critic(obs, batch["action"])
-    return _shared_terms({}, q, target, alpha, nets, opts, obs, update_actor, actor_reduce=actor_reduce)
+    return _critic_regression(nets.critic(obs, batch["action"]), target, alpha)
 
 
-def rlpd_loss(batch: dict[str, Tensor], nets: LearnerNets, opts: LossOptions, update_actor: bool = True) -> dict[str, Tensor]:
-    """RLPD (Ball et al. 2023): SAC's update with the target taken as the minimum of 2 randomly
-    chosen members of a (LayerNorm) critic ensemble and the actor trained on the ensemble mean. The
-    rest of RLPD is data and config: symmetric offline/online batches (``replay.offline_share=0.5``),
-    a high update-to-data ratio, ``critic.norm=layer``, ``critic.num_q=10``."""
-    return sac_loss(batch, nets, opts, update_actor, target_subset=2, actor_reduce="mean")
+def sac_actor_terms(batch: dict[str, Tensor], nets: LearnerNets, opts: LossOptions, reduce: str = "min",
+                    batch_stats: bool = True) -> dict[str, Tensor]:
+    """SAC's actor part: the actor maximises the critics' ``min`` (or ``mean``) at its own
+    reparameterised action minus ``alpha log pi``, through the critic with detached weights
+    (``batch_stats=False``: BatchNorm critics use their running statistics); the temperature is
+    tuned towards ``opts.target_entropy`` against detached log-probs. The action's noise is
+    ``batch["actor_noise"]`` when given (:meth:`ActorCriticLoss.prepare`)."""
+    obs = batch["obs"]
+    alpha = nets.log_alpha.detach().exp()
+    action, log_prob = nets.actor.sample(obs, noise=batch.get("actor_noise"))
+    qs = nets.critic(obs, action, detach=True, batch_stats=batch_stats)
+    q_pi = qs.mean(0) if reduce == "mean" else qs.min(0).values
+    out = {"loss_actor": (alpha * log_prob - q_pi).mean(), "entropy": -log_prob.detach().mean()}
+    if opts.autotune_alpha:
+        out["loss_alpha"] = -(nets.log_alpha * (log_prob.detach() + opts.target_entropy)).mean()
+    return out
 
 
-def crossq_loss(batch: dict[str, Tensor], nets: LearnerNets, opts: LossOptions, update_actor: bool = True) -> dict[str, Tensor]:
-    """CrossQ (Bhatt et al. 2024): no target network; the critic (with BatchNorm) sees the
-    current and the next state-actions in *one* forward pass, so both are normalised with the same
-    batch statistics, and the next-state values (detached) serve as the target. The actor's loss
-    uses the critic with its running statistics. ``nets.target`` is not used."""
+def crossq_critic_terms(batch: dict[str, Tensor], nets: LearnerNets, opts: LossOptions) -> dict[str, Tensor]:
+    """CrossQ's critic part: no target network; the critic (with BatchNorm) sees the current and the
+    next state-actions in *one* forward pass, so both are normalised with the same batch statistics
+    (and the running ones move), and the next-state values (detached) serve as the target."""
     obs, next_obs = batch["obs"], batch["next_obs"]
     B = obs.shape[0]
     alpha = nets.log_alpha.detach().exp()
@@ -133,7 +124,58 @@ def crossq_loss(batch: dict[str, Tensor], nets: LearnerNets, opts: LossOptions, 
     q_all = nets.critic(torch.cat([obs, next_obs]), torch.cat([batch["action"].to(next_action.dtype), next_action]))
     q, next_q = q_all[:, :B], q_all[:, B:].detach()
     target = batch["reward"] + batch["discount"] * (next_q.min(0).values - alpha * next_log_prob)
-    return _shared_terms({}, q, target, alpha, nets, opts, obs, update_actor, batch_stats=False)
+    return _critic_regression(q, target, alpha)
+
+
+@dataclass(frozen=True)
+class ActorCriticLoss:
+    """A loss in two parts: ``critic(batch, nets, opts)`` (the critics' regression) and
+    ``actor(batch, nets, opts)`` (the actor's and the temperature's terms, through the critic with
+    detached weights), each a dict of ``loss_*`` terms and diagnostics.
+
+    Called like any loss, ``loss(batch, nets, opts, update_actor=True)``, it runs the critic part
+    and then, on actor steps, the actor part. When ``concurrent``, neither part reads anything the
+    other writes before the optimiser step (parameters change only in the step; gradients land on
+    disjoint parameters), so a learner may run them at the same time on two threads
+    (``actor.update_threads=2``). Either way, :meth:`prepare` draws the actor's noise first, so the
+    random stream, and with it the update, does not depend on which part runs first. CrossQ is not
+    concurrent: its actor part reads the BatchNorm statistics the critic part's forward pass moves.
+    """
+
+    critic: Callable[..., dict[str, Tensor]]
+    actor: Callable[..., dict[str, Tensor]]
+    concurrent: bool = True
+
+    @staticmethod
+    def prepare(batch: dict[str, Tensor], nets: LearnerNets) -> dict[str, Tensor]:
+        """``batch`` with the noise of the actor's reparameterised action drawn (``actor_noise``)."""
+        noise = nets.actor.sample_noise(batch["obs"].shape[0]).to(batch["obs"].device)
+        return {**batch, "actor_noise": noise}
+
+    def __call__(self, batch: dict[str, Tensor], nets: LearnerNets, opts: LossOptions,
+                 update_actor: bool = True) -> dict[str, Tensor]:
+        if update_actor:
+            batch = self.prepare(batch, nets)
+        out = self.critic(batch, nets, opts)
+        if update_actor:
+            out.update(self.actor(batch, nets, opts))
+        return out
+
+
+# Soft actor-critic (Haarnoja et al. 2018, with automatic entropy tuning). ``batch``: ``obs`` [B, O],
+# ``action`` [B, A], ``reward`` [B], ``next_obs`` [B, O], ``discount`` [B]; uses ``nets.actor``,
+# ``nets.critic``, ``nets.target`` and ``nets.log_alpha``.
+sac_loss = ActorCriticLoss(critic=sac_critic_terms, actor=sac_actor_terms)
+
+# RLPD (Ball et al. 2023): SAC's update with the target taken as the minimum of 2 randomly chosen
+# members of a (LayerNorm) critic ensemble and the actor trained on the ensemble mean. The rest of
+# RLPD is data and config: symmetric offline/online batches (``replay.offline_share=0.5``), a high
+# update-to-data ratio, ``critic.norm=layer``, ``critic.num_q=10``.
+rlpd_loss = ActorCriticLoss(critic=partial(sac_critic_terms, target_subset=2), actor=partial(sac_actor_terms, reduce="mean"))
+
+# CrossQ (Bhatt et al. 2024): no target network, BatchNorm critics (see crossq_critic_terms); the
+# actor's loss uses the critic with its running statistics. ``nets.target`` is not used.
+crossq_loss = ActorCriticLoss(critic=crossq_critic_terms, actor=partial(sac_actor_terms, batch_stats=False), concurrent=False)
 
 
 def iql_loss(batch: dict[str, Tensor], nets: LearnerNets, opts: LossOptions, update_actor: bool = True) -> dict[str, Tensor]:

