@@ -39,7 +39,10 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ActorCriticLoss", "LearnerNets", "LossOptions", "sac_critic_terms", "sac_actor_terms", "crossq_critic_terms", "sac_loss", "crossq_loss", "rlpd_loss", "iql_loss", "soft_update"]
+__all__ = [
+    "ActorCriticLoss", "LearnerNets", "LossOptions", "sac_critic_terms", "sac_actor_terms", "crossq_critic_terms",
+    "sac_loss", "crossq_loss", "rlpd_loss", "iql_loss", "soft_update",
+]
 
 
 @dataclass

@@ -11,7 +11,9 @@ not) and the config (critic width, normalisation, policy delay, n-step), not a s
 Speed choices, each measured against SB3's SAC on these CPUs (``rlweave bench sac-vs-sb3``):
 the critics of the ensemble run as one batched matmul per layer; the actor, critic and temperature
 losses share one backward pass and one fused Adam step (their gradients touch disjoint
-parameters); the target update is one multi-tensor lerp; the batches of a whole ``train`` call are
+parameters), or, with ``actor.update_threads=2``, the critic's and the actor's parts of the loss
+(:class:`~rlweave.algorithms.ActorCriticLoss`) run forward and backward on two threads at once
+before that one step; the target update is one multi-tensor lerp; the batches of a whole ``train`` call are
 sampled at once; diagnostics are reduced once per call, not per update.
 """
 
