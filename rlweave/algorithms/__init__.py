@@ -20,7 +20,9 @@ from rlweave.algorithms.losses import (
     value_loss,
 )
 from rlweave.algorithms.imitation import bc_loss
-from rlweave.algorithms.offpolicy import ActorCriticLoss, LearnerNets, LossOptions, crossq_loss, iql_loss, rlpd_loss, sac_loss, soft_update
+from rlweave.algorithms.offpolicy import (
+    ActorCriticLoss, LearnerNets, LossOptions, crossq_loss, has_concurrent_parts, iql_loss, rlpd_loss, sac_loss, soft_update,
+)
 from rlweave.algorithms.registry import (
     ADVANTAGE_ESTIMATORS,
     ALGORITHM_KINDS,
@@ -52,6 +54,7 @@ __all__ = [
     "rlpd_loss",
     "iql_loss",
     "ActorCriticLoss",
+    "has_concurrent_parts",
     "LearnerNets",
     "LossOptions",
     "bc_loss",

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
-    "ActorCriticLoss", "LearnerNets", "LossOptions", "sac_critic_terms", "sac_actor_terms", "crossq_critic_terms",
+    "ActorCriticLoss", "LearnerNets", "LossOptions", "has_concurrent_parts", "sac_critic_terms", "sac_actor_terms", "crossq_critic_terms",
     "sac_loss", "crossq_loss", "rlpd_loss", "iql_loss", "soft_update",
 ]
 
@@ -163,6 +163,12 @@ class ActorCriticLoss:
         if update_actor:
             out.update(self.actor(batch, nets, opts))
         return out
+
+
+def has_concurrent_parts(loss) -> bool:
+    """Whether a registered loss is an :class:`ActorCriticLoss` whose parts may run at the same
+    time (what ``actor.update_threads=2`` needs)."""
+    return isinstance(loss, ActorCriticLoss) and loss.concurrent
 
 
 # Soft actor-critic (Haarnoja et al. 2018, with automatic entropy tuning). ``batch``: ``obs`` [B, O],

@@ -13,8 +13,8 @@ the critics of the ensemble run as one batched matmul per layer; the actor, crit
 losses share one backward pass and one fused Adam step (their gradients touch disjoint
 parameters), or, with ``actor.update_threads=2``, the critic's and the actor's parts of the loss
 (:class:`~rlweave.algorithms.ActorCriticLoss`) run forward and backward on two threads at once
-before that one step; the target update is one multi-tensor lerp; the batches of a whole ``train`` call are
-sampled at once; diagnostics are reduced once per call, not per update.
+before that one step; the target update is one multi-tensor lerp; the batches of a whole
+``train`` call are sampled at once; diagnostics are reduced once per call, not per update.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from rlweave.algorithms import ActorCriticLoss, LearnerNets, LossOptions, get_algorithm, get_policy_loss, soft_update
+from rlweave.algorithms import LearnerNets, LossOptions, get_algorithm, get_policy_loss, has_concurrent_parts, soft_update
 from rlweave.cluster import Peer, Worker
 from rlweave.models import QEnsemble, build_policy
 from rlweave.utils.memory import peak_rss_mb
@@ -61,11 +61,11 @@ class OffPolicyActorWorker(Worker):
         # concurrent) run at the same time, the actor's on a helper thread: they read the same
         # weights and write disjoint gradients, and each is single-threaded matmuls too small for
         # intra-op threads to pay (measured: 2 intra-op threads slowed SAC's learner down)
-        self.update_threads = int(update_threads)
         self._helper: cf.ThreadPoolExecutor | None = None
         self.total_updates = int(total_updates)  # the horizon of algorithm.actor_lr_schedule
         self.spec = get_algorithm(algo_cfg["name"])
         self.loss_fn = get_policy_loss(self.spec.loss)
+        self.concurrent_parts = int(update_threads) > 1 and has_concurrent_parts(self.loss_fn)
         torch.manual_seed(seed)
         self.policy = build_policy(observation_space=observation_space, action_space=action_space, chunk=chunk, **policy_cfg)
         obs_dim = int(np.prod(observation_space.shape))
@@ -150,7 +150,6 @@ class OffPolicyActorWorker(Worker):
                 data[k] = data[k].float()
         logs: list[dict] = []
         delay, tau = c["policy_delay"], c["tau"]
-        concurrent = self.update_threads > 1 and isinstance(self.loss_fn, ActorCriticLoss) and self.loss_fn.concurrent
         for u in range(num_updates):
             if self.scheduled:  # cosine decay to 0 over the run's updates (IQL's actor)
                 frac = min(self.updates / max(self.total_updates, 1), 1.0)
@@ -159,7 +158,7 @@ class OffPolicyActorWorker(Worker):
             batch = {k: v[u] for k, v in data.items()}
             update_actor = self.updates % delay == 0
             self.optimizer.zero_grad(set_to_none=True)
-            if concurrent and update_actor:
+            if self.concurrent_parts and update_actor:
                 batch = self.loss_fn.prepare(batch, self.nets)  # the actor's noise, drawn here, before the fork
                 actor_part = self._helper_pool().submit(self._backward, self.loss_fn.actor, batch)
                 out = self._backward(self.loss_fn.critic, batch)
