@@ -50,6 +50,9 @@ class Cluster:
     nodes: list[NodeInfo] = field(default_factory=list)
     started_here: bool = False
     local: bool = False
+    # How a worker calls a worker of another group in another process of its node (Peer):
+    # "direct" over a Unix socket (rlweave.cluster.direct), or "ray" (an actor call).
+    peer_calls: str = "direct"
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -61,7 +64,10 @@ class Cluster:
         dashboard: bool = False,
         local: bool = False,
         namespace: str = "rlweave",
+        peer_calls: str = "direct",
     ) -> "Cluster":
+        if peer_calls not in ("direct", "ray"):
+            raise ValueError(f"cluster.peer_calls must be 'direct' or 'ray', got {peer_calls!r}")
         if local:
             cpus = num_cpus or os.cpu_count() or 1
             node = NodeInfo(0, "local", "127.0.0.1", cpus, num_gpus or 0)
@@ -85,8 +91,7 @@ class Cluster:
                 ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, **kwargs)
                 started_here = True
                 atexit.register(_shutdown_if_initialized)
-        cluster = cls(nodes=_read_nodes(), started_here=started_here)
-        return cluster
+        return cls(nodes=_read_nodes(), started_here=started_here, peer_calls=peer_calls)
 
     # ------------------------------------------------------------------ inventory
     @property

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist  # imported at module top: see the pickling trap in docs/architecture.md
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rlweave.cluster import direct
 from rlweave.cluster.cluster import Cluster
 from rlweave.cluster.placement import GroupPlacement, Slot
 
@@ -213,6 +214,11 @@ class _HostBase:
     def environ(self, name: str) -> str | None:
         return os.environ.get(name)
 
+    def direct_address(self) -> tuple[str, bytes, str]:
+        """Starts this process's direct-call listener (once): ``(address, authkey, node id)``."""
+        address, authkey = direct.serve(self.run, on_thread_start=_flush_denormals)
+        return address, authkey, self.node_id()
+
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class _RayHost(_HostBase):
@@ -303,18 +309,31 @@ class _Done:
         self.value, self.duration = value, duration
 
 
+_NODE_ID: str | None = None
+
+
+def _this_node() -> str:
+    global _NODE_ID
+    if _NODE_ID is None:
+        _NODE_ID = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+    return _NODE_ID
+
+
 @dataclass(frozen=True)
 class Peer:
     """A handle one worker holds to a worker of another group, for request/reply calls inside a
     stage (an env worker asking a rollout worker for actions). When the peer lives in the caller's
-    process (fused hosts, local mode) a call is a plain function call; otherwise it is one Ray call
-    to the peer's host, so a request costs one round trip and several can be in flight.
+    process (fused hosts, local mode) a call is a plain function call; when it lives in another
+    process of the caller's node and ``direct`` is set, a call goes over a Unix socket to that
+    process (:mod:`rlweave.cluster.direct`: ~10x less CPU per call than Ray's); otherwise it is
+    one Ray call to the peer's host. A request costs one round trip and several can be in flight.
     ``result`` returns ``(value, seconds the peer spent)``; a failure in the peer re-raises the
     peer's own :class:`WorkerError`."""
 
     group: str
     rank: int
     host: Any = None  # the peer's Ray host; None = same process
+    direct: tuple[str, bytes, str] | None = None  # (address, authkey, node id) of the host's socket
 
     def submit(self, method: str, *args) -> Any:
         if self.host is None:
@@ -326,11 +345,26 @@ class Peer:
             except Exception as e:  # noqa: BLE001 - same shape as a remote failure
                 raise WorkerError(self.group, self.rank, method, repr(e), traceback.format_exc()) from None
             return _Done(value, time.perf_counter() - t0)
+        if self.direct is not None and self.direct[2] == _this_node():
+            try:
+                return direct.connection(self.direct[0], self.direct[1]).submit(self.group, method, args)
+            except direct.PeerGone:
+                raise WorkerError(self.group, self.rank, "(peer call)", PROCESS_DIED) from None
         return self.host.run.remote(self.group, method, args, {})
 
     def result(self, pending: Any) -> tuple[Any, float]:
         if isinstance(pending, _Done):
             return pending.value, pending.duration
+        if isinstance(pending, direct.DirectPending):
+            try:
+                ok, payload = pending.connection.result(pending.rid)
+            except direct.PeerGone:
+                raise WorkerError(self.group, self.rank, "(peer call)", PROCESS_DIED) from None
+            if ok:
+                return payload
+            if isinstance(payload, WorkerError):
+                raise WorkerError(payload.group, payload.rank, payload.method, payload.short.split("(): ", 1)[-1], payload.remote_traceback) from None
+            raise payload
         try:
             return ray.get(pending)
         except ray.exceptions.RayTaskError as e:
@@ -424,9 +458,15 @@ class WorkerGroup:
     def peer(self, rank: int, caller_host: Any = None) -> Peer:
         """A :class:`Peer` for ``rank``, to hand to a worker living in ``caller_host`` (another
         group's ``hosts[i]``): a direct in-process reference when that is ``rank``'s own host
-        process (fused groups) or in local mode, else a Ray reference."""
-        same_process = self.local or caller_host is self.hosts[rank]
-        return Peer(self.name, rank, None if same_process else self.hosts[rank])
+        process (fused groups) or in local mode, else a Ray reference, which also carries the
+        host's direct-call socket unless the cluster's ``peer_calls`` is ``ray`` (a caller on
+        another node falls back to Ray calls by itself)."""
+        if self.local or caller_host is self.hosts[rank]:
+            return Peer(self.name, rank)
+        host = self.hosts[rank]
+        if self.cluster.peer_calls != "direct":
+            return Peer(self.name, rank, host)
+        return Peer(self.name, rank, host, tuple(ray.get(host.direct_address.remote())))
 
     def resize(self, placement: GroupPlacement) -> None:
         """Grows or shrinks the group to ``placement`` between calls: ranks beyond the new size stop

@@ -31,6 +31,9 @@ class ClusterConfig:
     num_gpus: Optional[int] = field(default=None, metadata={"min": 0})
     dashboard: bool = False
     local: bool = False  # one process, no Ray actors: breakpoint() works in worker code
+    # a worker's request/reply calls to another process of its node: over a Unix socket ("direct",
+    # ~10x less CPU per call) or as Ray actor calls ("ray"); calls across nodes always use Ray
+    peer_calls: str = choice("direct", "direct", "ray")
 
 
 @dataclass

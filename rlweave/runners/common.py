@@ -291,7 +291,8 @@ class RunnerBase:
         if self.cluster is not None:  # a restart rebuilds the worker groups on the cluster it has
             return
         c = self.cfg.cluster
-        self.cluster = Cluster.start(address=c.address, num_cpus=c.num_cpus, num_gpus=c.num_gpus, dashboard=c.dashboard, local=c.local)
+        self.cluster = Cluster.start(address=c.address, num_cpus=c.num_cpus, num_gpus=c.num_gpus, dashboard=c.dashboard, local=c.local,
+                                     peer_calls=c.peer_calls)
         self.plan = self._plan_placement(self.cluster)
         print(f"[rlweave] {self.cluster.describe()}")
         print(f"[rlweave] {self.plan.describe()}{note}")
