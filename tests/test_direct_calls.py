@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 import numpy as np
 import pytest
@@ -25,6 +26,9 @@ class Server(Worker):
     def pid(self) -> int:
         return os.getpid()
 
+    def unsendable(self):
+        return threading.Lock()
+
 
 class Caller(Worker):
     def configure(self, peer) -> None:
@@ -42,11 +46,13 @@ class Caller(Worker):
             out.append((value["y"], bool(value["y"].flags.writeable), value["pid"], seconds >= 0.0))
         return out
 
-    def ask_fail(self) -> str:
+    def ask_fail(self, method: str = "fail") -> str:
         try:
-            self.peer.result(self.peer.submit("fail"))
+            self.peer.result(self.peer.submit(method))
         except WorkerError as e:
             return e.short
+        except RuntimeError as e:
+            return f"RuntimeError: {e}"
         return "no error"
 
 
@@ -88,6 +94,8 @@ def test_a_failure_in_the_peer_names_its_group_rank_and_method(ray_session):
     server, caller = _pair("direct")
     try:
         assert caller.run("ask_fail") == ["worker server[rank 0] failed in fail(): ValueError('bad request 42')"]
+        assert caller.run("ask_fail", "unsendable") == [
+            "RuntimeError: unsendable() returned a value that cannot be sent: TypeError(\"cannot pickle '_thread.lock' object\")"]
         # the connection stays usable after an error
         assert float(caller.run("ask", np.ones(2, np.float32), [5.0])[0][0][0][0]) == 5.0
     finally:

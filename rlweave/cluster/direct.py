@@ -117,7 +117,7 @@ def _execute_loop(conn: Connection, requests: queue.SimpleQueue, run, on_thread_
             reply = (rid, False, e)
         try:
             _send(conn, reply)
-        except (pickle.PicklingError, TypeError, AttributeError) as e:  # an unpicklable result
+        except (pickle.PicklingError, TypeError, AttributeError, BufferError) as e:  # an unpicklable result
             _send(conn, (rid, False, RuntimeError(f"{method}() returned a value that cannot be sent: {e!r}")))
         except OSError:
             return  # the caller hung up
