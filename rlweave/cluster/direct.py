@@ -5,7 +5,7 @@ one micro-batch, a learner asking its replay shard for a batch) runs tens of tim
 On this 2-core machine one Ray actor call with a 13 KB array costs ~0.7 ms of CPU in the caller
 and as much in the callee (serialisation, gRPC, the core worker's threads), and with every core
 busy that CPU is taken from the stages themselves: measured, env stepping and inference ran 12-15%
-slower in a pipelined plan than alone. The same round trip over a Unix socket costs ~0.08 ms on
+slower in a pipelined plan than alone. The same round trip over a Unix socket costs 0.06-0.13 ms on
 each side. Ray still starts, places and supervises the processes; only the data path of these
 calls bypasses it.
 
