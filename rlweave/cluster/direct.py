@@ -1,7 +1,7 @@
 """Direct calls between worker processes on one node: a Unix socket instead of a Ray call.
 
 Why: a request/reply edge inside a stage (an env worker asking a rollout worker for the actions of
-one micro-batch, a learner asking its replay shard for a batch) runs tens of times per iteration.
+one micro-batch) runs tens of times per iteration.
 On this 2-core machine one Ray actor call with a 13 KB array costs ~0.7 ms of CPU in the caller
 and as much in the callee (serialisation, gRPC, the core worker's threads), and with every core
 busy that CPU is taken from the stages themselves: measured, env stepping and inference ran 12-15%
