@@ -116,9 +116,10 @@ def _execute_loop(conn: Connection, requests: queue.SimpleQueue, run, on_thread_
         except BaseException as e:  # noqa: BLE001 - sent back to the caller, who re-raises it
             reply = (rid, False, e)
         try:
-            _send(conn, reply)
-        except (pickle.PicklingError, TypeError, AttributeError, BufferError) as e:  # an unpicklable result
-            _send(conn, (rid, False, RuntimeError(f"{method}() returned a value that cannot be sent: {e!r}")))
+            try:
+                _send(conn, reply)  # pickles the whole reply before sending any of it
+            except (pickle.PicklingError, TypeError, AttributeError, BufferError) as e:  # an unpicklable result
+                _send(conn, (rid, False, RuntimeError(f"{method}() returned a value that cannot be sent: {e!r}")))
         except OSError:
             return  # the caller hung up
     conn.close()
@@ -128,7 +129,6 @@ class DirectConnection:
     """One caller thread's connection to one serving process."""
 
     def __init__(self, address: str, authkey: bytes):
-        self.address = address
         self.conn = Client(address, family="AF_UNIX", authkey=authkey)
         self.next_id = 0
         self.replies: dict[int, tuple[bool, Any]] = {}

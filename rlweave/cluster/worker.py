@@ -349,7 +349,7 @@ class Peer:
             try:
                 return direct.connection(self.direct[0], self.direct[1]).submit(self.group, method, args)
             except direct.PeerGone:
-                raise WorkerError(self.group, self.rank, "(peer call)", PROCESS_DIED) from None
+                raise self._died() from None
         return self.host.run.remote(self.group, method, args, {})
 
     def result(self, pending: Any) -> tuple[Any, float]:
@@ -359,12 +359,10 @@ class Peer:
             try:
                 ok, payload = pending.connection.result(pending.rid)
             except direct.PeerGone:
-                raise WorkerError(self.group, self.rank, "(peer call)", PROCESS_DIED) from None
+                raise self._died() from None
             if ok:
                 return payload
-            if isinstance(payload, WorkerError):
-                raise WorkerError(payload.group, payload.rank, payload.method, payload.short.split("(): ", 1)[-1], payload.remote_traceback) from None
-            raise payload
+            raise payload from None  # a WorkerError arrives unpickled as a plain one already
         try:
             return ray.get(pending)
         except ray.exceptions.RayTaskError as e:
@@ -373,7 +371,10 @@ class Peer:
                 raise WorkerError(cause.group, cause.rank, cause.method, cause.short.split("(): ", 1)[-1], cause.remote_traceback) from None
             raise
         except ray.exceptions.RayActorError:
-            raise WorkerError(self.group, self.rank, "(peer call)", PROCESS_DIED) from None
+            raise self._died() from None
+
+    def _died(self) -> WorkerError:
+        return WorkerError(self.group, self.rank, "(peer call)", PROCESS_DIED)
 
 
 class WorkerGroup:
