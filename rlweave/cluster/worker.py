@@ -149,6 +149,17 @@ def _bind(cls: type, ctx: WorkerContext, args: tuple, kwargs: dict) -> Any:
     return obj
 
 
+MALLOC_ARENAS = "1"
+"""glibc malloc arenas per worker process (``MALLOC_ARENA_MAX``; a value in the driver's
+environment is passed on instead). A host runs calls on whichever of Ray's eight call threads is
+free, and by default glibc gives each thread its own arena: tensors a call frees go back to that
+thread's arena, the next call on another thread finds none and faults in fresh pages. Measured on
+the GRPO loop of ``bench grpo_vs_trl`` (2 processes, 1 thread each): the actor's forward pass took
+0.40-0.55 s per step from the third step on with default arenas, 0.07 s with one arena; the whole
+step 0.65-0.80 s against 0.31 s. One arena costs a lock, which the call threads seldom contend for
+(they mostly take turns)."""
+
+
 def _flush_denormals() -> None:
     """Denormal floats (|x| < 1.2e-38) are flushed to zero on the calling thread, as XLA does on
     CPU. Optimiser state of weights whose gradients are zero (dead ReLU units) decays through the
@@ -549,6 +560,7 @@ class WorkerGroup:
             env_vars["CUDA_VISIBLE_DEVICES"] = str(slot.index)
         threads = self._threads_for(slot, placement)
         env_vars["OMP_NUM_THREADS"] = str(threads)
+        env_vars["MALLOC_ARENA_MAX"] = os.environ.get("MALLOC_ARENA_MAX", MALLOC_ARENAS)
         if self.local:
             return _LocalHost(env_vars, threads)
         node = self.cluster.nodes[slot.node]
