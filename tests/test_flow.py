@@ -95,6 +95,21 @@ def test_planner_profiles_then_picks_the_fastest_prediction():
     assert pl.drifted(1.0, 1.2) and not pl.drifted(1.0, 1.1)
 
 
+def test_planner_chooses_by_measured_collection_not_by_the_training_swing():
+    pl = Planner(slots=[S0, S1], total_envs=64, steps=10, cores=2)
+    first, second = pl.profile_plans()
+    pl.observe(Measurement(first, collect=1.6, env_compute=0.64, infer_compute=0.96, steps=10, train=0.5, sync=0.01))
+    pl.observe(Measurement(second, collect=10 * (0.096 + 0.005) + 0.032, env_compute=0.64, infer_compute=0.96, steps=10,
+                           train=0.5, sync=0.01))
+    a, b = (p.plan for p in pl.shortlist(2))
+    # a collects faster, but its one verifying iteration met a slow training pass
+    pl.observe(Measurement(a, collect=0.80, env_compute=0.32, infer_compute=0.48, steps=10, train=0.9, iteration=1.72))
+    pl.observe(Measurement(b, collect=0.90, env_compute=0.32, infer_compute=0.48, steps=10, train=0.5, iteration=1.42))
+    assert pl.measured(a) > pl.measured(b)  # by whole iterations b would win
+    assert (pl.measured_collect(a), pl.measured_collect(b)) == (0.80, 0.90)
+    assert pl.choose(2).plan == a
+
+
 # --------------------------------------------------------------------------- real runs
 def run(tmp_path: Path, name: str, *overrides: str, on_iteration=None) -> tuple[OnPolicyRunner, list[dict]]:
     run_dir = tmp_path / name

@@ -141,14 +141,26 @@ class Planner:
 
     def measured(self, plan: FlowPlan) -> float | None:
         """Median measured iteration time of ``plan`` in this run (None if never run)."""
-        times = sorted(m.iteration for m in self.history if m.plan == plan and m.iteration > 0)
-        return times[len(times) // 2] if times else None
+        return _median([m.iteration for m in self.history if m.plan == plan and m.iteration > 0])
+
+    def measured_collect(self, plan: FlowPlan) -> float | None:
+        """Median measured collection time of ``plan`` in this run (None if never run)."""
+        return _median([m.collect for m in self.history if m.plan == plan and m.collect > 0])
 
     def choose(self, size: int) -> Prediction:
-        """Among the shortlist, the plan with the fastest measured iteration (predicted where not
-        measured)."""
+        """Among the shortlist, the plan whose measured collection plus the shared rest of an
+        iteration (training, sync per rollout worker, driver) is fastest; predicted where not
+        measured. Plans differ only in how they collect, so their measured collections are what
+        is compared: a whole iteration's time also carries the training pass's own swings (on this
+        machine +-15% between single iterations, larger than the gap between the best plans),
+        which would otherwise decide the choice by chance."""
         short = self.shortlist(size)
-        return min(short, key=lambda p: self.measured(p.plan) or p.iteration)
+
+        def cost(p: Prediction) -> float:
+            collect = self.measured_collect(p.plan)
+            return p.iteration if collect is None else collect + p.iteration - p.collect
+
+        return min(short, key=cost)
 
     def drifted(self, predicted: float, measured: float) -> bool:
         return abs(predicted - measured) > self.margin * measured
@@ -170,6 +182,11 @@ class Planner:
             self.costs.infer.add(rows, sec)
         self.costs.remote_overhead, self.costs.local_overhead = s["remote_overhead"], s["local_overhead"]
         self.train, self.sync_per_rollout, self.other = s["train"], s["sync_per_rollout"], s["other"]
+
+
+def _median(values: list[float]) -> float | None:
+    values = sorted(values)
+    return values[len(values) // 2] if values else None
 
 
 def _blend(old: float | None, new: float, n: int) -> float:

@@ -262,8 +262,9 @@ class OnPolicyRunner(RunnerBase):
         """``placement.mode=auto``: feed the planner, then pick the next plan at this iteration
         boundary. Phases: *profile* (the planner's profiling plans), *verify* (one iteration of
         each shortlisted prediction not measured yet), *run* (the shortlisted plan with the
-        fastest measured iteration). Two iterations in a row whose time drifts from the prediction
-        by more than ``planner.margin`` send the run back to *verify* with the refitted costs."""
+        fastest measured collection plus the rest of an iteration, which all plans share). Two
+        iterations in a row whose time drifts from the prediction by more than ``planner.margin``
+        send the run back to *verify* with the refitted costs."""
         if self.planner is None:
             return
         pl, cfg = self.planner, self.cfg
@@ -301,6 +302,7 @@ class OnPolicyRunner(RunnerBase):
         self.plan_log.append({
             "iteration": self.iteration, "reason": "chosen", "chosen": self.prediction.as_dict(),
             "measured_s": {p.plan.label(): pl.measured(p.plan) for p in short},
+            "measured_collect_s": {p.plan.label(): pl.measured_collect(p.plan) for p in short},
             "ranked": [p.as_dict() for p in pl.rank()[:8]],
         })
         print(f"[rlweave] planner: chose {chosen.plan.label()}: predicted {self.prediction.iteration:.3f} s/iteration"
