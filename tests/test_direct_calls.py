@@ -46,6 +46,10 @@ class Caller(Worker):
             out.append((value["y"], bool(value["y"].flags.writeable), value["pid"], seconds >= 0.0))
         return out
 
+    def connected(self) -> list[str]:
+        """The server addresses this process holds connections to."""
+        return sorted({address for address, _ in direct._CONNECTIONS})
+
     def ask_fail(self, method: str = "fail") -> str:
         try:
             self.peer.result(self.peer.submit(method))
@@ -113,6 +117,26 @@ def test_a_killed_peer_process_is_reported_as_a_death(ray_session):
         assert "worker server[rank 0] failed in (peer call)(): worker process died" in str(err.value)
     finally:
         caller.shutdown()
+
+
+def test_connections_to_a_replaced_peer_are_closed_when_the_next_peer_is_opened(ray_session):
+    server, caller = _pair("direct")
+    second = None
+    try:
+        first_address = server.peer(0, caller.hosts[0]).direct[0]
+        for _ in range(4):  # calls land on several of the host's threads: one connection each
+            caller.run("ask", np.ones(2, np.float32), [1.0])
+        assert caller.run("connected") == [[first_address]]
+        server.shutdown()  # the plan switch's rebuild: the old rollout process exits
+        second = WorkerGroup(Server, GroupPlacement("server2", [Slot(0, 1)]), caller.cluster)
+        peer = second.peer(0, caller.hosts[0])
+        caller.run("configure", peer)
+        assert float(caller.run("ask", np.ones(2, np.float32), [3.0])[0][0][0][0]) == 3.0
+        assert caller.run("connected") == [[peer.direct[0]]]
+    finally:
+        caller.shutdown()
+        if second is not None:
+            second.shutdown()
 
 
 def test_a_caller_without_the_key_is_refused(ray_session):

@@ -131,6 +131,7 @@ class DirectConnection:
     def __init__(self, address: str, authkey: bytes):
         self.conn = Client(address, family="AF_UNIX", authkey=authkey)
         self.next_id = 0
+        self.in_flight = 0  # requests submitted and not yet collected
         self.replies: dict[int, tuple[bool, Any]] = {}
         self.send_lock = threading.Lock()
         self.recv_lock = threading.Lock()
@@ -144,6 +145,7 @@ class DirectConnection:
             except OSError as e:
                 self._break()
                 raise PeerGone(str(e)) from None
+            self.in_flight += 1
         return DirectPending(self, rid)
 
     def result(self, rid: int) -> tuple[bool, Any]:
@@ -156,7 +158,33 @@ class DirectConnection:
                     self._break()
                     raise PeerGone(str(e) or "connection closed") from None
                 self.replies[got] = (ok, payload)
+            self.in_flight -= 1
             return self.replies.pop(rid)
+
+    def close_if_gone(self) -> bool:
+        """Closes this connection when its serving process has gone (a plan switch replaced it)
+        and nothing is in flight on it; True if it did. With no request in flight a readable
+        socket can only mean end of file; holding both locks keeps the connection's own thread
+        from using it during the check."""
+        if not self.send_lock.acquire(blocking=False):
+            return False
+        try:
+            if not self.recv_lock.acquire(blocking=False):
+                return False
+            try:
+                if self.in_flight:
+                    return False
+                try:
+                    gone = self.conn.poll(0)
+                except (OSError, EOFError, ValueError):
+                    gone = True
+                if gone:
+                    self._break()
+                return gone
+            finally:
+                self.recv_lock.release()
+        finally:
+            self.send_lock.release()
 
     def _break(self) -> None:
         with _CONNECTIONS_LOCK:
@@ -181,6 +209,7 @@ def connection(address: str, authkey: bytes) -> DirectConnection:
     with _CONNECTIONS_LOCK:
         conn = _CONNECTIONS.get(key)
     if conn is None:
+        _close_gone()  # a new peer: earlier ones may have been replaced
         try:
             conn = DirectConnection(address, authkey)
         except (OSError, EOFError) as e:
@@ -188,3 +217,13 @@ def connection(address: str, authkey: bytes) -> DirectConnection:
         with _CONNECTIONS_LOCK:
             _CONNECTIONS[key] = conn
     return conn
+
+
+def _close_gone() -> None:
+    """Closes every idle connection of this process whose serving process has exited. Without
+    this, a caller kept one socket per calling thread to every rollout process a plan switch had
+    replaced, until the caller itself exited."""
+    with _CONNECTIONS_LOCK:
+        conns = list(_CONNECTIONS.values())
+    for c in conns:
+        c.close_if_gone()
