@@ -451,8 +451,8 @@ def test_explicit_slots_land_on_the_named_nodes_and_devices(fake_gpu_cluster, pl
     ]
     # node has 2 CPUs for 4 GPUs: one thread per process
     assert g.host_info("environ", "OMP_NUM_THREADS") == ["1", "1"]
-    # one malloc arena per worker process (unless the driver's environment says otherwise)
-    assert g.host_info("environ", "MALLOC_ARENA_MAX") == [os.environ.get("MALLOC_ARENA_MAX", "1")] * 2
+    # two malloc arenas per worker process (unless the driver's environment says otherwise)
+    assert g.host_info("environ", "MALLOC_ARENA_MAX") == [os.environ.get("MALLOC_ARENA_MAX", "2")] * 2
     d = placed["d"]
     assert d.host_info("node_id") == [c.nodes[0].node_id] * 2
     assert d.host_info("environ", "CUDA_VISIBLE_DEVICES") == ["0", "1"]
