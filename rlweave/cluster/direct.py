@@ -168,22 +168,21 @@ class DirectConnection:
         from using it during the check."""
         if not self.send_lock.acquire(blocking=False):
             return False
+        if not self.recv_lock.acquire(blocking=False):
+            self.send_lock.release()
+            return False
         try:
-            if not self.recv_lock.acquire(blocking=False):
+            if self.in_flight:
                 return False
             try:
-                if self.in_flight:
-                    return False
-                try:
-                    gone = self.conn.poll(0)
-                except (OSError, EOFError, ValueError):
-                    gone = True
-                if gone:
-                    self._break()
-                return gone
-            finally:
-                self.recv_lock.release()
+                gone = self.conn.poll(0)
+            except (OSError, EOFError, ValueError):
+                gone = True
+            if gone:
+                self._break()
+            return gone
         finally:
+            self.recv_lock.release()
             self.send_lock.release()
 
     def _break(self) -> None:
