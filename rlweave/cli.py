@@ -166,10 +166,12 @@ def cmd_collect(args) -> int:
         policy.load_state_dict(load_checkpoint(ckpt)["actor"]["policy"])
         policy.eval()
         deterministic = args.policy == "deterministic"
+        noise_rng = torch.Generator().manual_seed(int(args.seed))  # --seed fixes the sampled actions too
 
         def policy_action(obs):
             with torch.inference_mode():
-                a, _, _ = policy.act(torch.as_tensor(obs, dtype=torch.float32)[None], deterministic=deterministic)
+                noise = None if deterministic else policy.sample_noise(1, generator=noise_rng)
+                a, _, _ = policy.act(torch.as_tensor(obs, dtype=torch.float32)[None], deterministic=deterministic, noise=noise)
             return np.clip(a[0, 0].numpy(), act_space.low, act_space.high) if hasattr(act_space, "low") else a[0, 0].numpy()
 
         act_fn = policy_action

@@ -582,6 +582,10 @@ def test_collect_from_a_run_then_rlpd_learns_from_it(ray_session, tmp_path, caps
     assert info["episodes"] == 2 and info["steps"] == 400 and "iter_00000004" in info["source"]
     assert main(["collect", str(run_dir), "--episodes", "2", "-o", str(ds)]) == 2  # never overwrites
     assert "already exists" in capsys.readouterr().err
+    # the same --seed draws the same stochastic actions: the same dataset again
+    again = tmp_path / "pendulum_medium_again"
+    assert main(["collect", str(run_dir), "--episodes", "2", "-o", str(again)]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["return_mean"] == info["return_mean"]
     rlpd = tmp_path / "rlpd"
     rc, out = train("rlpd-pendulum", *SMALL, "critic.num_q=4", "algorithm.utd_ratio=2", f"replay.offline_dataset={ds}", f"run.dir={rlpd}")
     assert rc == 0, out
