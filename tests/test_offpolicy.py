@@ -501,6 +501,11 @@ def test_collect_then_train_mode_has_no_staleness(ray_session, tmp_path):
     assert [r["samples/ingested"] for r in rows] == [100, 100, 100, 100]
     assert [r["samples/updates"] for r in rows] == [0, 50, 100, 100]
     assert all(r["samples/staleness"] == 0 for r in rows)
+    # policy_delay 3: the critics' Adam stepped on each of the 250 updates, the actor's (with the
+    # temperature) on updates 0, 3, ..., 249 only
+    optimizers = load_checkpoint(latest_checkpoint(run_dir))["actor"]["optimizers"]
+    steps = {part: [float(s["step"]) for s in opt["state"].values()] for part, opt in optimizers.items()}
+    assert steps == {"critic": [250.0], "actor": [84.0]}
 
 
 @pytest.fixture
@@ -616,7 +621,10 @@ def test_iql_learns_offline_from_a_dataset_and_resumes(ray_session, tmp_path):
     state = load_checkpoint(latest_checkpoint(run_dir))
     assert state["actor"]["value"] is not None and state["envs"] == [] and state["actor"]["updates"] == 30
     # the recipe's cosine schedule: the actor's rate, set before the 30th of 30 updates; the others constant
-    groups = state["actor"]["optimizer"]["param_groups"]
+    optimizers = state["actor"]["optimizers"]
+    assert set(optimizers) == {"critic", "actor"}  # the critics' and value's Adam; the actor's with the temperature
+    groups = [g for opt in optimizers.values() for g in opt["param_groups"]]
+    assert all(len(g["params"]) == 1 for g in groups)  # each group one flat buffer
     actor_lr = [g["lr"] for g in groups if g["scheduled"]]
     assert actor_lr == [pytest.approx(3e-4 * 0.5 * (1 + math.cos(math.pi * 29 / 30)))]
     assert {g["lr"] for g in groups if not g["scheduled"]} == {3e-4}
