@@ -13,8 +13,9 @@ the critics of the ensemble run as one batched matmul per layer; the actor, crit
 losses share one backward pass (their gradients touch disjoint parameters), or, with
 ``actor.update_threads=2``, the critic's and the actor's parts of the loss
 (:class:`~rlweave.algorithms.ActorCriticLoss`) run forward and backward on two threads at once;
-each fused Adam steps flat parameter buffers (one tensor per param group); the target update is one multi-tensor lerp; the batches of a whole
-``train`` call are sampled at once; diagnostics are reduced once per call, not per update.
+each fused Adam steps flat parameter buffers (one tensor per param group); the target update is
+one multi-tensor lerp; the batches of a whole ``train`` call are sampled at once; diagnostics are
+reduced once per call, not per update.
 """
 
 from __future__ import annotations
@@ -87,8 +88,9 @@ class OffPolicyActorWorker(Worker):
         # each, one param group per distinct learning rate (a scheduled actor rate keeps its own),
         # and each group's parameters live in one flat buffer (FlatParameters): a step is one
         # kernel on one tensor per group and zeroing the gradients one fill, instead of grouping a
-        # dozen tensors on every update (step and zeroing 0.50 -> 0.40 ms of a ~5 ms SAC update, profiled here). The target
-        # network was copied above, before its critic's parameters moved into the buffers.
+        # dozen tensors on every update (step and zeroing 0.50 -> 0.40 ms of a ~5 ms SAC update,
+        # profiled here). The target network was copied above, before its critic's parameters
+        # moved into the buffers.
         cosine = algo_cfg["actor_lr_schedule"] == "cosine"
         critic_params = [p for m in (self.critic, self.value) if m is not None for p in m.parameters()]
         parts: dict[str, dict[tuple[float, bool], list]] = {"critic": {}, "actor": {}}
