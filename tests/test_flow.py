@@ -163,7 +163,7 @@ def test_auto_profiles_verifies_then_runs_the_chosen_layout(ray_session, tmp_pat
     # verified plans were run once each between profiling and the choice
     verified = [e["plan"] for e in log if e["reason"] == "verifying" and e["iteration"] < first["iteration"]]
     assert first["iteration"] == 2 + len(verified)
-    ranked = [p["iteration_s"] for p in first["ranked"]]
+    ranked = [round(p["iteration_s"], 4) for p in first["ranked"]]  # ranked to 0.1 ms; ties: fewer processes first
     assert ranked == sorted(ranked)
     # the choice compares measured collection plus the shared rest of an iteration (training,
     # sync, driver), not whole measured iterations, whose training pass swings between iterations
