@@ -1,7 +1,7 @@
 """Learning quality of a recipe over several seeds: evaluation return at the step budget.
 
-Trains ``--recipe`` once per seed (each in its own process, with its own embedded Ray, one after
-the other) and reads the runs' metrics.jsonl. Reported per seed and as mean +- standard deviation:
+Trains ``--recipe`` once per seed (each in its own process, with its own embedded Ray; ``--lanes``
+runs at a time, one after the other by default) and reads the runs' metrics.jsonl. Reported per seed and as mean +- standard deviation:
 
   * the *evaluation* return at the end of the run (deterministic policy, ``train.eval_episodes``
     episodes on separately seeded envs; not the training return);
@@ -11,13 +11,14 @@ the other) and reads the runs' metrics.jsonl. Reported per seed and as mean +- s
 The verdict is whether every seed's final evaluation return is at least ``--threshold`` (the
 issue's target; published references are quoted in docs/results.md with their protocol).
 
-    rlweave bench learning --recipe sac-pendulum --seeds 0 1 2 --threshold -200 [--json F] [-- key=value ...]
+    rlweave bench learning --recipe sac-pendulum --seeds 0 1 2 --threshold -200 [--lanes N] [--json F] [-- key=value ...]
     python benchmarks/learning.py [same flags]
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import json
 import os
 import statistics
@@ -43,24 +44,45 @@ def run_seed(recipe: str, seed: int, overrides: list[str], keep: str | None) -> 
             "final_eval_return": evals[-1][1] if evals else None, "evals": evals}
 
 
+def run_seeds(jobs: list[tuple[str, int, list[str], str | None]], lanes: int = 1, on_done=None) -> list[dict]:
+    """:func:`run_seed` for each ``(recipe, seed, overrides, keep)`` job, ``lanes`` at a time
+    (each a process with its own embedded Ray: two lanes on two cores suit runs that keep one core
+    busy, such as offline learners). Results come back in the order of ``jobs``; ``on_done(job,
+    result)`` is called as each finishes."""
+    if lanes < 1:
+        raise ValueError(f"--lanes must be at least 1, got {lanes}")
+
+    def one(job):
+        result = run_seed(*job)
+        if on_done is not None:
+            on_done(job, result)
+        return result
+
+    with cf.ThreadPoolExecutor(max_workers=lanes) as pool:
+        return list(pool.map(one, jobs))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--recipe", required=True)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--threshold", type=float, required=True, help="evaluation return every seed must reach")
     p.add_argument("--keep", default=None, help="folder to keep the runs in (default: a temporary folder)")
+    p.add_argument("--lanes", type=int, default=1, help="runs at a time (each its own process and Ray)")
     p.add_argument("--json", default=None)
     p.add_argument("overrides", nargs="*", help="config overrides for every seed (key=value)")
     args = p.parse_args(argv)
+    if args.lanes < 1:
+        p.error(f"--lanes must be at least 1, got {args.lanes}")
     print(f"learning: {args.recipe}, seeds {args.seeds}, threshold {args.threshold} (evaluation return)")
-    runs = []
-    for seed in args.seeds:
-        r = run_seed(args.recipe, seed, args.overrides, args.keep)
+
+    def report(job, r):
         first = next((s for s, v in r["evals"] if v >= args.threshold), None)
         r["first_step_at_threshold"] = first
-        runs.append(r)
-        print(f"  seed {seed}: eval return {r['final_eval_return']:.1f} at {r['env_steps']} env steps; "
-              f"first >= {args.threshold} at {first}; {r['wall_s']:.0f} s")
+        print(f"  seed {job[1]}: eval return {r['final_eval_return']:.1f} at {r['env_steps']} env steps; "
+              f"first >= {args.threshold} at {first}; {r['wall_s']:.0f} s", flush=True)
+
+    runs = run_seeds([(args.recipe, seed, args.overrides, args.keep) for seed in args.seeds], args.lanes, report)
     finals = [r["final_eval_return"] for r in runs]
     mean = statistics.fmean(finals)
     std = statistics.pstdev(finals) if len(finals) > 1 else 0.0

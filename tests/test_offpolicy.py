@@ -647,6 +647,28 @@ def test_offline_bc_regresses_the_dataset_actions(ray_session, tmp_path):
     assert load_checkpoint(latest_checkpoint(run_dir))["actor"]["critic"] is None
 
 
+def test_offline_bench_runs_seeds_in_lanes_and_reports_them_in_order(tmp_path, capsys):
+    ds = _random_dataset(tmp_path, "Pendulum-v1", 1, "pend")
+    small = [o for o in OFFLINE if not o.startswith("train.total_updates=")]
+    out_json = tmp_path / "offline.json"
+    assert main(["bench", "offline", "--dataset", str(ds), "--seeds", "3", "1", "--updates", "20", "--lanes", "2",
+                 "--keep", str(tmp_path / "runs"), "--json", str(out_json), *small]) == 0
+    report = json.loads(out_json.read_text())
+    # four runs, two at a time, reported per algorithm in the order of --seeds whatever finished first
+    assert [r["seed"] for r in report["runs"]["iql"]] == [3, 1]
+    assert [r["seed"] for r in report["runs"]["offline_bc"]] == [3, 1]
+    assert sorted(p.name for p in (tmp_path / "runs" / "iql").iterdir()) == ["seed1", "seed3"]
+    for algo in ("iql", "offline_bc"):
+        for r in report["runs"][algo]:
+            rows = read_metrics(Path(r["run_dir"]))
+            assert rows[-1]["train/updates"] == 20 and r["final_eval_return"] == rows[-1]["eval/episode_return"]
+    out = capsys.readouterr().out
+    assert "iql seed 3: final eval return" in out and "offline_bc seed 1: final eval return" in out
+    with pytest.raises(SystemExit):
+        main(["bench", "offline", "--dataset", str(ds), "--lanes", "0"])
+    assert "--lanes must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_offline_algorithms_need_a_dataset_and_an_update_budget(capsys, tmp_path, no_cluster_start):
     rc = main(["train", "iql-hopper-medium", f"run.dir={tmp_path / 'r'}", *QUIET])
     err = capsys.readouterr().err
