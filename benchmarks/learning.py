@@ -1,7 +1,8 @@
 """Learning quality of a recipe over several seeds: evaluation return at the step budget.
 
 Trains ``--recipe`` once per seed (each in its own process, with its own embedded Ray; ``--lanes``
-runs at a time, one after the other by default) and reads the runs' metrics.jsonl. Reported per seed and as mean +- standard deviation:
+runs at a time, one after the other by default) and reads the runs' metrics.jsonl. Reported per
+seed and as mean +- standard deviation:
 
   * the *evaluation* return at the end of the run (deterministic policy, ``train.eval_episodes``
     episodes on separately seeded envs; not the training return);

@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                 for algo in ("iql", "offline_bc") for seed in args.seeds]
 
         def report(job, r):
-            print(f"  {job[2][0].split('=')[1]} seed {job[1]}: final eval return {r['final_eval_return']:.1f}; {r['wall_s']:.0f} s",
-                  flush=True)
+            algo = next(o.split("=", 1)[1] for o in job[2] if o.startswith("algorithm.name="))
+            print(f"  {algo} seed {job[1]}: final eval return {r['final_eval_return']:.1f}; {r['wall_s']:.0f} s", flush=True)
 
         runs = run_seeds(jobs, args.lanes, report)
         results = {"iql": runs[: len(args.seeds)], "offline_bc": runs[len(args.seeds):]}
