@@ -50,8 +50,6 @@ def run_seeds(jobs: list[tuple[str, int, list[str], str | None]], lanes: int = 1
     (each a process with its own embedded Ray: two lanes on two cores suit runs that keep one core
     busy, such as offline learners). Results come back in the order of ``jobs``; ``on_done(job,
     result)`` is called as each finishes."""
-    if lanes < 1:
-        raise ValueError(f"--lanes must be at least 1, got {lanes}")
 
     def one(job):
         result = run_seed(*job)

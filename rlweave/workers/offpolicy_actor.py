@@ -98,13 +98,15 @@ class OffPolicyActorWorker(Worker):
                                   ("actor", [self.log_alpha], "alpha_lr")):
             if params:
                 parts[part].setdefault((float(algo_cfg[key] or lr), cosine and key == "actor_lr"), []).extend(params)
-        self.flats = [FlatParameters(ps) for groups in parts.values() for ps in groups.values()]
-        flats = iter(self.flats)
-        self.optimizers = {
-            part: torch.optim.Adam([{"params": [next(flats).flat], "lr": group_lr, "initial_lr": group_lr, "scheduled": sched}
-                                    for group_lr, sched in groups], betas=tuple(algo_cfg["adam_betas"]), fused=True)
-            for part, groups in parts.items() if groups
-        }
+        self.flats: list[FlatParameters] = []
+        self.optimizers: dict[str, torch.optim.Adam] = {}
+        for part, groups in parts.items():
+            param_groups = []
+            for (group_lr, sched), params in groups.items():
+                self.flats.append(FlatParameters(params))
+                param_groups.append({"params": [self.flats[-1].flat], "lr": group_lr, "initial_lr": group_lr, "scheduled": sched})
+            if param_groups:
+                self.optimizers[part] = torch.optim.Adam(param_groups, betas=tuple(algo_cfg["adam_betas"]), fused=True)
         self.scheduled = [g for opt in self.optimizers.values() for g in opt.param_groups if g["scheduled"]]
         te = algo_cfg["target_entropy"]
         self.nets = LearnerNets(actor=self.policy, critic=self.critic, target=self.target, value=self.value, log_alpha=self.log_alpha)
