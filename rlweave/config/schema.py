@@ -231,6 +231,10 @@ class ModelConfig:
     tokenizer: Optional[str] = None  # a local tokenizer folder; default: path's, else one trained on the task's text
     vocab_size: int = positive(320)  # of a tokenizer trained here
     dtype: str = choice("float32", "float32", "bfloat16")
+    # the forward pass of training and HF-backend generation: auto = rlweave's fused forward
+    # (models/fused_decoder.py) for Qwen2/Qwen3/Llama models on CPU that it covers, the
+    # transformers forward otherwise; hf = always the transformers forward
+    kernels: str = choice("auto", "auto", "hf")
     lora_rank: int = non_negative(0)  # 0 = full fine-tuning; > 0: LoRA adapters (peft) only
     lora_alpha: int = positive(16)
 

@@ -186,9 +186,15 @@ class CausalLMPolicy(nn.Module):
     (shifted the same way). Position ids follow the attention mask, so a left-padded batch scores
     each sequence as it would alone."""
 
-    def __init__(self, model: nn.Module, value_head: bool = False):
+    def __init__(self, model: nn.Module, value_head: bool = False, kernels: str = "auto"):
+        """``kernels`` (``model.kernels``): ``auto`` scores responses with
+        :class:`~rlweave.models.fused_decoder.FusedDecoder` when it covers the model, ``hf``
+        always with the ``transformers`` forward."""
         super().__init__()
+        from rlweave.models.fused_decoder import FusedDecoder
+
         self.model = model
+        self.fused = FusedDecoder.build(model, kernels)
         hidden = model.config.hidden_size
         self.value_head = nn.Linear(hidden, 1) if value_head else None
         if self.value_head is not None:
@@ -227,22 +233,12 @@ class CausalLMPolicy(nn.Module):
         gradient reaches the prompt positions through the gathered keys and values). Only
         response positions reach the LM head. ``entropy_grad=False`` computes the entropy for
         logging only (no graph through the softmax when no entropy bonus is trained)."""
-        from transformers import DynamicCache
-
         B, R = response_ids.shape
         hidden_wanted = self.value_head is not None
-        rows = DynamicCache()  # each row's prompt keys/values, gathered from the one prompt pass
-        first, pos = prefill_prompts(self.model, prompt_ids, prompt_mask, prompt_index, rows, output_hidden_states=hidden_wanted)
-        logits = first.logits[:, -1:][prompt_index]  # predicts response token 0
-        hidden = first.hidden_states[-1][:, -1:][prompt_index] if hidden_wanted else None
-        if R > 1:  # response tokens 0..R-2 predict tokens 1..R-1, attending to their prompt's cache
-            mask = torch.cat([prompt_mask[prompt_index], prompt_mask.new_ones(B, R - 1)], 1)
-            rpos = pos[prompt_index, -1:] + torch.arange(1, R, device=pos.device)
-            rest = self.model(input_ids=response_ids[:, :-1], attention_mask=mask, position_ids=rpos,
-                              **{cache_argument(self.model): rows}, use_cache=True, output_hidden_states=hidden_wanted)
-            logits = torch.cat([logits, rest.logits], 1)
-            if hidden_wanted:
-                hidden = torch.cat([hidden, rest.hidden_states[-1]], 1)
+        if self.fused is not None:
+            logits, hidden = self._fused_responses(prompt_ids, prompt_mask, prompt_index, response_ids)
+        else:
+            logits, hidden = self._hf_responses(prompt_ids, prompt_mask, prompt_index, response_ids, hidden_wanted)
         if temperature != 1.0:
             logits = logits / temperature
         valid = torch.arange(R, device=resp_len.device)[None, :] < resp_len[:, None]
@@ -255,6 +251,45 @@ class CausalLMPolicy(nn.Module):
         if hidden_wanted:
             result["values"] = torch.where(valid, self.value_head(hidden).squeeze(-1), zero)
         return result
+
+    def _fused_responses(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor, response_ids: Tensor
+                         ) -> tuple[Tensor, Tensor]:
+        """Logits and final hidden states [B, R, ...] of the response positions, through the fused
+        decoder: the prompts' pass, then the responses attending to their prompt's keys/values."""
+        from rlweave.models.fused_decoder import extension_bias, prompt_bias
+
+        B, R = response_ids.shape
+        pos = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+        dec = self.fused
+        prompt_hidden, kvs = dec.forward(prompt_ids, pos, prompt_bias(prompt_mask))
+        hidden = prompt_hidden[:, -1:][prompt_index]  # predicts response token 0
+        if R > 1:
+            keys = torch.cat([prompt_mask[prompt_index], prompt_mask.new_ones(B, R - 1)], 1)
+            rpos = pos[prompt_index, -1:] + torch.arange(1, R, device=pos.device)
+            past = [(k[prompt_index], v[prompt_index]) for k, v in kvs]
+            rest, _ = dec.forward(response_ids[:, :-1], rpos, extension_bias(keys, R - 1), past=past)
+            hidden = torch.cat([hidden, rest], 1)
+        return dec.logits(hidden), hidden
+
+    def _hf_responses(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor, response_ids: Tensor,
+                      hidden_wanted: bool) -> tuple[Tensor, Tensor | None]:
+        """The same through the ``transformers`` forward and its cache objects."""
+        from transformers import DynamicCache
+
+        B, R = response_ids.shape
+        rows = DynamicCache()  # each row's prompt keys/values, gathered from the one prompt pass
+        first, pos = prefill_prompts(self.model, prompt_ids, prompt_mask, prompt_index, rows, output_hidden_states=hidden_wanted)
+        logits = first.logits[:, -1:][prompt_index]  # predicts response token 0
+        hidden = first.hidden_states[-1][:, -1:][prompt_index] if hidden_wanted else None
+        if R > 1:  # response tokens 0..R-2 predict tokens 1..R-1, attending to their prompt's cache
+            mask = torch.cat([prompt_mask[prompt_index], prompt_mask.new_ones(B, R - 1)], 1)
+            rpos = pos[prompt_index, -1:] + torch.arange(1, R, device=pos.device)
+            rest = self.model(input_ids=response_ids[:, :-1], attention_mask=mask, position_ids=rpos,
+                              **{cache_argument(self.model): rows}, use_cache=True, output_hidden_states=hidden_wanted)
+            logits = torch.cat([logits, rest.logits], 1)
+            if hidden_wanted:
+                hidden = torch.cat([hidden, rest.hidden_states[-1]], 1)
+        return logits, hidden
 
 
 def response_batch(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], pad_id: int

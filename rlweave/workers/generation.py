@@ -20,6 +20,7 @@ import torch
 
 from rlweave.models import flat_params_checksum
 from rlweave.models.causal_lm import cache_argument, prefill_prompts
+from rlweave.models.fused_decoder import FusedDecoder, prompt_bias
 from rlweave.workers.weights import WeightPacket, resolve_buckets, unpack_into
 
 __all__ = ["Generation", "HFGenerator"]
@@ -50,14 +51,16 @@ class HFGenerator:
     ``min_new_tokens`` (end-of-sequence suppressed until then) shape the sampling distribution,
     and ``logprobs`` are taken from that processed distribution, so they are the behaviour
     policy's (for ``top_p < 1``, the truncated one). The model is the plain ``transformers``
-    module: its forward is the one the trainer runs, which keeps the train-inference gap at
-    float rounding."""
+    module; it decodes through :class:`~rlweave.models.fused_decoder.FusedDecoder` when that
+    covers it (``kernels="auto"``), the trainer's forward too, which keeps the train-inference
+    gap at float rounding."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, max_new_tokens: int = 32, temperature: float = 1.0,
-                 top_p: float = 1.0, min_new_tokens: int = 0):
+                 top_p: float = 1.0, min_new_tokens: int = 0, kernels: str = "auto"):
         if temperature <= 0:
             raise ValueError(f"rollout.temperature: must be > 0 (greedy decoding is an evaluation setting), got {temperature}")
         self.model = model.eval()
+        self.fused = FusedDecoder.build(model, kernels)  # None: the transformers forward decodes
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "left"
         self.max_new_tokens, self.temperature, self.top_p = int(max_new_tokens), float(temperature), float(top_p)
@@ -96,19 +99,14 @@ class HFGenerator:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], n: int = 1, seed: int = 0, greedy: bool = False) -> Generation:
-        from transformers import StaticCache
-
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         ids, mask = enc["input_ids"], enc["attention_mask"]
         U, P = ids.shape
         B, T = U * n, self.max_new_tokens
         rows = torch.arange(U).repeat_interleave(n)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        cache, kw = StaticCache(config=self.model.config, max_cache_len=P + T), cache_argument(self.model)
-        out, pos = prefill_prompts(self.model, ids, mask, rows, cache)  # the n rows of a prompt share its prefill
-        logits = out.logits[:, -1][rows]
-        attn = torch.cat([mask[rows], mask.new_ones(B, T)], 1)
-        next_pos = pos[rows, -1:] + 1
+        start = self._fused_decoder if self.fused is not None else self._hf_decoder
+        logits, step = start(ids, mask, rows, T)  # the n rows of a prompt share its prefill
         rng = torch.Generator().manual_seed(int(seed))
         tokens = torch.full((B, T), pad, dtype=torch.long)
         logprobs = torch.zeros(B, T)
@@ -128,8 +126,7 @@ class HFGenerator:
             steps = t + 1
             if bool(done.all()) or t == T - 1:
                 break
-            logits = self.model(input_ids=token, attention_mask=attn[:, :P + t + 1], position_ids=next_pos + t,
-                                **{kw: cache}, cache_position=torch.tensor([P + t]), use_cache=True).logits[:, -1]
+            logits = step(token, t)
         responses, lps, finished = [], [], []
         for i, row in enumerate(tokens[:, :steps].tolist()):
             end = row.index(eos) + 1 if eos in row else len(row)
@@ -139,6 +136,43 @@ class HFGenerator:
         prompt_ids = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
         return Generation(prompt_ids=[p for p in prompt_ids for _ in range(n)], response_ids=responses, logprobs=lps,
                           finished=finished, group=rows.tolist(), version=self.version)
+
+    def _hf_decoder(self, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, T: int):
+        """The prompts' prefill through the ``transformers`` forward into a ``StaticCache``: the
+        first token's logits per row, and the decode step (token [B, 1], step t) -> logits."""
+        from transformers import StaticCache
+
+        P = ids.shape[1]
+        cache, kw = StaticCache(config=self.model.config, max_cache_len=P + T), cache_argument(self.model)
+        out, pos = prefill_prompts(self.model, ids, mask, rows, cache)
+        attn = torch.cat([mask[rows], mask.new_ones(len(rows), T)], 1)
+        next_pos = pos[rows, -1:] + 1
+
+        def step(token: torch.Tensor, t: int) -> torch.Tensor:
+            return self.model(input_ids=token, attention_mask=attn[:, :P + t + 1], position_ids=next_pos + t,
+                              **{kw: cache}, cache_position=torch.tensor([P + t]), use_cache=True).logits[:, -1]
+
+        return out.logits[:, -1][rows], step
+
+    def _fused_decoder(self, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, T: int):
+        """The same through :class:`~rlweave.models.fused_decoder.FusedDecoder`, decoding into a
+        preallocated key/value buffer; the fused projections are built once per generation."""
+        dec, P = self.fused, ids.shape[1]
+        weights = dec.weights()
+        pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        hidden, kvs = dec.forward(ids, pos, prompt_bias(mask), weights=weights)
+        buffer = dec.new_buffer(len(rows), P + T)
+        buffer.fill(kvs, rows)
+        keys = torch.cat([mask[rows], mask.new_ones(len(rows), T)], 1).bool()
+        bias = torch.zeros(keys.shape).masked_fill_(~keys, float("-inf"))[:, None]  # [B, 1, P + T]
+        next_pos = pos[rows, -1:] + 1
+
+        def step(token: torch.Tensor, t: int) -> torch.Tensor:
+            h, _ = dec.forward(token, next_pos + t, bias[:, :, :P + t + 1], buffer=buffer, weights=weights)
+            buffer.length += 1
+            return dec.logits(h[:, -1])
+
+        return dec.logits(hidden[:, -1])[rows], step
 
     def _processed_logprobs(self, logits: torch.Tensor, step: int, greedy: bool) -> torch.Tensor:
         """Log-probs of the distribution token ``step`` is drawn from: end-of-sequence masked

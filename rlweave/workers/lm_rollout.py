@@ -20,15 +20,16 @@ from rlweave.workers.weights import WeightPacket
 __all__ = ["LMRolloutWorker", "make_generator"]
 
 
-def make_generator(backend: str, model, tokenizer, rollout_cfg: dict):
-    """The generation backend ``rollout.backend`` names, holding ``model``'s architecture."""
+def make_generator(backend: str, model, tokenizer, rollout_cfg: dict, kernels: str = "auto"):
+    """The generation backend ``rollout.backend`` names, holding ``model``'s architecture
+    (``kernels``: ``model.kernels``, the forward the HF backend decodes with)."""
     kw = dict(max_new_tokens=rollout_cfg["max_new_tokens"], temperature=rollout_cfg["temperature"], top_p=rollout_cfg["top_p"])
     if rollout_cfg.get("min_new_tokens"):
         kw["min_new_tokens"] = rollout_cfg["min_new_tokens"]
     if backend == "hf":
         from rlweave.workers.generation import HFGenerator
 
-        return HFGenerator(model, tokenizer, **kw)
+        return HFGenerator(model, tokenizer, kernels=kernels, **kw)
     if backend == "vllm":
         from rlweave.workers.vllm_generation import VLLMGenerator
 
@@ -41,7 +42,8 @@ class LMRolloutWorker(Worker):
         self.tokenizer = load_tokenizer(tokenizer_path)
         # the plain architecture: LoRA adapters arrive merged into the weights
         model = load_causal_lm({**model_spec, "lora_rank": 0}, len(self.tokenizer), tokenizer=self.tokenizer)
-        self.generator = make_generator(rollout_cfg["backend"], model, self.tokenizer, rollout_cfg)
+        self.generator = make_generator(rollout_cfg["backend"], model, self.tokenizer, rollout_cfg,
+                                        kernels=model_spec.get("kernels", "auto"))
         self.task = make_task(task_cfg)
         # one call at a time (the host is threaded); a weight load waits for the generations issued before it
         self._lock = threading.Condition()
