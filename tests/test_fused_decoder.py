@@ -34,16 +34,21 @@ def _reference_qk(x, weight, cos, sin, eps):
 @pytest.mark.parametrize("normed", [True, False])
 def test_qk_norm_rope_matches_the_library_and_its_gradient_is_exact(normed):
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 3, 5, 8, dtype=torch.float64, generator=g, requires_grad=True)
-    weight = torch.randn(5, 8, dtype=torch.float64, generator=g, requires_grad=True) if normed else None
+    H, KV = 4, 2  # two query heads share each key/value head
+    x = torch.randn(2, 3, H + KV, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    weight = torch.randn(H + KV, 8, dtype=torch.float64, generator=g, requires_grad=True) if normed else None
     positions = torch.tensor([[0, 1, 2], [4, 5, 9]])
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8))
     cos, signed_sin = rope_tables(inv_freq, positions, torch.float64)
     emb = torch.cat([positions[..., None] * inv_freq] * 2, -1)
-    expected = _reference_qk(x, weight, emb.cos()[:, :, None], emb.sin()[:, :, None], 1e-6)
-    assert torch.allclose(QKNormRope.apply(x, weight, cos, signed_sin, 1e-6), expected, atol=1e-12)
+    expected = _reference_qk(x, weight, emb.cos()[:, :, None], emb.sin()[:, :, None], 1e-6)  # [B, T, heads, D]
+    q, k = QKNormRope.apply(x, weight, cos, signed_sin, 1e-6, KV)
+    assert q.shape == (2, KV, 2 * 3, 8) and k.shape == (2, KV, 3, 8)
+    # query head h = kv * G + g sits in rows g * T .. g * T + T - 1 of key/value head kv
+    assert torch.allclose(q.view(2, KV, 2, 3, 8).permute(0, 3, 1, 2, 4).reshape(2, 3, H, 8), expected[:, :, :H], atol=1e-12)
+    assert torch.allclose(k.transpose(1, 2), expected[:, :, H:], atol=1e-12)
     inputs = (x, weight) if normed else (x,)
-    assert torch.autograd.gradcheck(lambda *a: QKNormRope.apply(a[0], a[1] if normed else None, cos, signed_sin, 1e-6), inputs)
+    assert torch.autograd.gradcheck(lambda *a: QKNormRope.apply(a[0], a[1] if normed else None, cos, signed_sin, 1e-6, KV), inputs)
 
 
 def _batch(tok, seed=1):

@@ -77,41 +77,65 @@ def _rotate_add_transposed_(out: Tensor, g: Tensor, sin: Tensor) -> Tensor:
 
 
 class QKNormRope(torch.autograd.Function):
-    """``rope(rms_norm(x) * weight)`` over the last dimension (or ``rope(x)`` when ``weight`` is
-    None: Qwen2 and Llama have no q/k norm), as one autograd node.
+    """Queries and keys for attention, as one autograd node: ``rope(rms_norm(x) * weight)`` over
+    the last dimension (``rope(x)`` when ``weight`` is None: Qwen2 and Llama have no q/k norm),
+    written straight into the layouts the attention matmuls read.
 
-    ``x`` [..., N, D] (queries and keys side by side: N = heads + kv heads), ``weight`` [N, D],
-    ``cos``/``sin`` broadcastable to ``x`` with ``sin`` sign-folded (see :func:`rope_tables`).
-    The backward is derived by hand: for y = x * r * w with r = (mean(x^2) + eps)^-1/2,
-    dx = r * gw - x * r^3 * <gw, x> / D where gw = dL/dy * w."""
+    ``x`` [B, T, H + KV, D] (the q|k projection, query heads first), ``weight`` [H + KV, D],
+    ``cos``/``sin`` [B, T, 1, D] with ``sin`` sign-folded (see :func:`rope_tables`). Returns
+    queries [B, KV, G * T, D] (the G = H / KV query heads that share a key/value head stacked
+    along the rows) and keys [B, KV, T, D]. The backward is derived by hand: for
+    y = x * r * w with r = (mean(x^2) + eps)^-1/2, dx = r * gw - x * r^3 * <gw, x> / D where
+    gw = dL/dy * w."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
+    def forward(ctx, x: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor, eps: float, kv_heads: int
+                ) -> tuple[Tensor, Tensor]:
+        B, T, N, D = x.shape
         if weight is None:
+            y = x
             ctx.save_for_backward(cos, sin)
-            ctx.normed = False
-            return _rotate_add_(x * cos, x, sin)
-        D = x.shape[-1]
-        r = torch.rsqrt(torch.linalg.vecdot(x, x).unsqueeze(-1).div_(D).add_(eps))
-        y = (x * r).mul_(weight)
-        ctx.save_for_backward(cos, sin, x, weight, r)
-        ctx.normed = True
-        return _rotate_add_(y * cos, y, sin)
+        else:
+            r = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(D).add_(eps))
+            y = (x * r).mul_(weight)
+            ctx.save_for_backward(cos, sin, x, weight, r)
+        ctx.kv_heads = kv_heads
+        H = N - kv_heads
+        G = H // kv_heads
+        q = x.new_empty(B, kv_heads, G, T, D)
+        k = x.new_empty(B, kv_heads, T, D)
+        q_rows, k_rows = q.permute(0, 3, 1, 2, 4), k.transpose(1, 2)  # the outputs seen as [B, T, heads, D]
+        y_q = y[:, :, :H].unflatten(2, (kv_heads, G))
+        cos5, sin5 = cos[:, :, None], sin[:, :, None]
+        _rotate_add_(torch.mul(y_q, cos5, out=q_rows), y_q, sin5)
+        _rotate_add_(torch.mul(y[:, :, H:], cos, out=k_rows), y[:, :, H:], sin)
+        return q.view(B, kv_heads, G * T, D), k
 
     @staticmethod
-    def backward(ctx, g: Tensor):
+    def backward(ctx, g_q: Tensor, g_k: Tensor):
         cos, sin, *saved = ctx.saved_tensors
-        gy = _rotate_add_transposed_(g * cos, g, sin)
-        if not ctx.normed:
-            return gy, None, None, None, None
+        KV = ctx.kv_heads
+        B, _, GT, D = g_q.shape
+        T = g_k.shape[2]
+        G = GT // T
+        H = KV * G
+        gy = g_q.new_empty(B, T, H + KV, D)
+        g_q_rows = g_q.reshape(B, KV, G, T, D).permute(0, 3, 1, 2, 4)
+        gy_q = gy[:, :, :H].unflatten(2, (KV, G))
+        cos5, sin5 = cos[:, :, None], sin[:, :, None]
+        _rotate_add_transposed_(torch.mul(g_q_rows, cos5, out=gy_q), g_q_rows, sin5)
+        g_k_rows = g_k.transpose(1, 2)
+        _rotate_add_transposed_(torch.mul(g_k_rows, cos, out=gy[:, :, H:]), g_k_rows, sin)
+        if not saved:
+            return gy, None, None, None, None, None
         x, weight, r = saved
         dw = None
         if ctx.needs_input_grad[1]:
             dw = (gy * x).mul_(r).sum(tuple(range(x.dim() - weight.dim())))
         gw = gy.mul_(weight)
         dot = torch.linalg.vecdot(gw, x).unsqueeze(-1)
-        dx = gw.mul_(r).addcmul_(x, dot.mul_(r.pow(3)).div_(-x.shape[-1]))
-        return dx, dw, None, None, None
+        dx = gw.mul_(r).addcmul_(x, dot.mul_(r.pow(3)).div_(-D))
+        return dx, dw, None, None, None, None
 
 
 def rope_tables(inv_freq: Tensor, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -246,9 +270,7 @@ class FusedDecoder:
         for i, w in enumerate(weights or self.weights()):
             h = F.rms_norm(x, (x.shape[-1],), w["n1"], self.eps)
             qk = F.linear(h, w["qk"], w["qk_bias"]).view(B, T, H + KV, D)
-            qk = QKNormRope.apply(qk, w["qk_norm"], cos, sin, self.eps)
-            q = qk[:, :, :H].view(B, T, KV, G, D).permute(0, 2, 3, 1, 4).reshape(B, KV, G * T, D)
-            k = qk[:, :, H:].transpose(1, 2)
+            q, k = QKNormRope.apply(qk, w["qk_norm"], cos, sin, self.eps, KV)  # [B, KV, G*T, D], [B, KV, T, D]
             v = F.linear(h, w["v"], w["v_bias"]).view(B, T, KV, D).transpose(1, 2)
             kvs.append((k, v))
             if buffer is not None:
