@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from rlweave.envs.text_tasks import ArithmeticTask  # noqa: E402
 from rlweave.models.causal_lm import CausalLMPolicy, apply_lora, build_causal_lm, response_batch, train_tokenizer  # noqa: E402
-from rlweave.models.fused_decoder import FusedDecoder, QKNormRope, rope_tables, unsupported_reason  # noqa: E402
+from rlweave.models.fused_decoder import FusedDecoder, QKNormRope, SiluGate, rope_tables, unsupported_reason  # noqa: E402
 from rlweave.workers.generation import HFGenerator  # noqa: E402
 
 
@@ -49,6 +49,13 @@ def test_qk_norm_rope_matches_the_library_and_its_gradient_is_exact(normed):
     assert torch.allclose(k.transpose(1, 2), expected[:, :, H:], atol=1e-12)
     inputs = (x, weight) if normed else (x,)
     assert torch.autograd.gradcheck(lambda *a: QKNormRope.apply(a[0], a[1] if normed else None, cos, signed_sin, 1e-6, KV), inputs)
+
+
+def test_silu_gate_matches_autograd_and_its_gradient_is_exact():
+    gate_up = torch.randn(3, 4, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    gate, up = gate_up.chunk(2, -1)
+    assert torch.allclose(SiluGate.apply(gate_up), torch.nn.functional.silu(gate) * up, atol=1e-12)
+    assert torch.autograd.gradcheck(SiluGate.apply, (gate_up,))
 
 
 def _batch(tok, seed=1):

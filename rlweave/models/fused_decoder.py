@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["FusedDecoder", "QKNormRope", "KVBuffer", "unsupported_reason", "prompt_bias", "extension_bias"]
+__all__ = ["FusedDecoder", "QKNormRope", "queries_and_keys", "SiluGate", "silu_gate", "KVBuffer", "unsupported_reason", "prompt_bias", "extension_bias"]
 
 _ARCHITECTURES = {"qwen2", "qwen3", "llama"}
 
@@ -76,6 +76,36 @@ def _rotate_add_transposed_(out: Tensor, g: Tensor, sin: Tensor) -> Tensor:
     return out
 
 
+def _queries_and_keys(x: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor, eps: float, kv_heads: int
+                      ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """:class:`QKNormRope`'s forward arithmetic; also returns the norm's reciprocal scale r."""
+    B, T, N, D = x.shape
+    r = None
+    y = x
+    if weight is not None:
+        r = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(D).add_(eps))
+        y = (x * r).mul_(weight)
+    H = N - kv_heads
+    G = H // kv_heads
+    q = x.new_empty(B, kv_heads, G, T, D)
+    k = x.new_empty(B, kv_heads, T, D)
+    q_rows, k_rows = q.permute(0, 3, 1, 2, 4), k.transpose(1, 2)  # the outputs seen as [B, T, heads, D]
+    y_q = y[:, :, :H].unflatten(2, (kv_heads, G))
+    cos5, sin5 = cos[:, :, None], sin[:, :, None]
+    _rotate_add_(torch.mul(y_q, cos5, out=q_rows), y_q, sin5)
+    _rotate_add_(torch.mul(y[:, :, H:], cos, out=k_rows), y[:, :, H:], sin)
+    return q.view(B, kv_heads, G * T, D), k, r
+
+
+def queries_and_keys(x: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor, eps: float, kv_heads: int
+                     ) -> tuple[Tensor, Tensor]:
+    """:class:`QKNormRope` where a gradient is wanted; the bare arithmetic otherwise (decoding:
+    no autograd node to build, ~90 us a call)."""
+    if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
+        return QKNormRope.apply(x, weight, cos, sin, eps, kv_heads)
+    return _queries_and_keys(x, weight, cos, sin, eps, kv_heads)[:2]
+
+
 class QKNormRope(torch.autograd.Function):
     """Queries and keys for attention, as one autograd node: ``rope(rms_norm(x) * weight)`` over
     the last dimension (``rope(x)`` when ``weight`` is None: Qwen2 and Llama have no q/k norm),
@@ -91,25 +121,10 @@ class QKNormRope(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor, eps: float, kv_heads: int
                 ) -> tuple[Tensor, Tensor]:
-        B, T, N, D = x.shape
-        if weight is None:
-            y = x
-            ctx.save_for_backward(cos, sin)
-        else:
-            r = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(D).add_(eps))
-            y = (x * r).mul_(weight)
-            ctx.save_for_backward(cos, sin, x, weight, r)
+        q, k, r = _queries_and_keys(x, weight, cos, sin, eps, kv_heads)
+        ctx.save_for_backward(cos, sin, *(() if weight is None else (x, weight, r)))
         ctx.kv_heads = kv_heads
-        H = N - kv_heads
-        G = H // kv_heads
-        q = x.new_empty(B, kv_heads, G, T, D)
-        k = x.new_empty(B, kv_heads, T, D)
-        q_rows, k_rows = q.permute(0, 3, 1, 2, 4), k.transpose(1, 2)  # the outputs seen as [B, T, heads, D]
-        y_q = y[:, :, :H].unflatten(2, (kv_heads, G))
-        cos5, sin5 = cos[:, :, None], sin[:, :, None]
-        _rotate_add_(torch.mul(y_q, cos5, out=q_rows), y_q, sin5)
-        _rotate_add_(torch.mul(y[:, :, H:], cos, out=k_rows), y[:, :, H:], sin)
-        return q.view(B, kv_heads, G * T, D), k
+        return q, k
 
     @staticmethod
     def backward(ctx, g_q: Tensor, g_k: Tensor):
@@ -136,6 +151,36 @@ class QKNormRope(torch.autograd.Function):
         dot = torch.linalg.vecdot(gw, x).unsqueeze(-1)
         dx = gw.mul_(r).addcmul_(x, dot.mul_(r.pow(3)).div_(-D))
         return dx, dw, None, None, None, None
+
+
+class SiluGate(torch.autograd.Function):
+    """``silu(gate) * up`` of the fused gate|up projection [..., 2I], as one autograd node whose
+    backward writes both halves of the gradient into one tensor (autograd's slices would each
+    zero-fill a full-width gradient and add them)."""
+
+    @staticmethod
+    def forward(ctx, gate_up: Tensor) -> Tensor:
+        gate, up = gate_up.chunk(2, -1)
+        activated = F.silu(gate)
+        ctx.save_for_backward(gate, up, activated)
+        return activated * up
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:
+        gate, up, activated = ctx.saved_tensors
+        grad = g.new_empty(*g.shape[:-1], 2 * g.shape[-1])
+        d_gate, d_up = grad.chunk(2, -1)
+        torch.ops.aten.silu_backward.grad_input(torch.mul(g, up), gate, grad_input=d_gate)
+        torch.mul(g, activated, out=d_up)
+        return grad
+
+
+def silu_gate(gate_up: Tensor) -> Tensor:
+    """:class:`SiluGate` where a gradient is wanted, the bare arithmetic otherwise."""
+    if torch.is_grad_enabled() and gate_up.requires_grad:
+        return SiluGate.apply(gate_up)
+    gate, up = gate_up.chunk(2, -1)
+    return F.silu(gate).mul_(up)
 
 
 def rope_tables(inv_freq: Tensor, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -211,7 +256,6 @@ class FusedDecoder:
         cfg = model.config
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.intermediate = cfg.intermediate_size
         self.eps = cfg.rms_norm_eps
 
     @classmethod
@@ -228,10 +272,10 @@ class FusedDecoder:
     def layers(self):
         return self.model.model.layers
 
-    def weights(self) -> list[dict]:
-        """Each layer's projections as the fused pass uses them (q|k and gate|up concatenated).
-        Built from the live parameters, so they carry gradients; a generation builds them once
-        under ``no_grad`` and reuses them for every decode step."""
+    def weights(self, decoding: bool = False) -> list[dict]:
+        """Each layer's projections as the fused pass uses them (q|k and gate|up concatenated;
+        ``decoding``: q|k|v too). Built from the live parameters, so they carry gradients; a
+        generation builds them once under ``no_grad`` and reuses them for every decode step."""
         H, KV, D = self.heads, self.kv_heads, self.head_dim
         out = []
         for layer in self.layers:
@@ -245,6 +289,9 @@ class FusedDecoder:
                 "qk_norm": None if q_norm is None else torch.cat([q_norm.weight.expand(H, D), a.k_norm.weight.expand(KV, D)]),
                 "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), "down": mlp.down_proj.weight,
             })
+            if decoding:
+                out[-1]["qkv"] = torch.cat([out[-1]["qk"], a.v_proj.weight])
+                out[-1]["qkv_bias"] = None if a.v_proj.bias is None else torch.cat([out[-1]["qk_bias"], a.v_proj.bias])
         return out
 
     def forward(self, ids: Tensor, positions: Tensor, bias: Tensor, past: list[tuple[Tensor, Tensor]] | None = None,
@@ -257,7 +304,7 @@ class FusedDecoder:
         filled prefix, then these T tokens). ``past``: keys/values to prepend per layer
         (training: differentiable). ``buffer``: decoding; these tokens' keys/values are written
         at ``buffer.length`` (the caller advances it)."""
-        H, KV, D, I = self.heads, self.kv_heads, self.head_dim, self.intermediate
+        H, KV, D = self.heads, self.kv_heads, self.head_dim
         G = H // KV
         B, T = ids.shape
         base = self.model.model
@@ -269,9 +316,14 @@ class FusedDecoder:
         kvs = []
         for i, w in enumerate(weights or self.weights()):
             h = F.rms_norm(x, (x.shape[-1],), w["n1"], self.eps)
-            qk = F.linear(h, w["qk"], w["qk_bias"]).view(B, T, H + KV, D)
-            q, k = QKNormRope.apply(qk, w["qk_norm"], cos, sin, self.eps, KV)  # [B, KV, G*T, D], [B, KV, T, D]
-            v = F.linear(h, w["v"], w["v_bias"]).view(B, T, KV, D).transpose(1, 2)
+            if "qkv" in w:  # decoding: one matmul; no gradient has to flow back through the slices
+                qkv = F.linear(h, w["qkv"], w["qkv_bias"])
+                qk, v = qkv[..., :(H + KV) * D].view(B, T, H + KV, D), qkv[..., (H + KV) * D:]
+            else:
+                qk = F.linear(h, w["qk"], w["qk_bias"]).view(B, T, H + KV, D)
+                v = F.linear(h, w["v"], w["v_bias"])
+            q, k = queries_and_keys(qk, w["qk_norm"], cos, sin, self.eps, KV)  # [B, KV, G*T, D], [B, KV, T, D]
+            v = v.view(B, T, KV, D).transpose(1, 2)
             kvs.append((k, v))
             if buffer is not None:
                 end = buffer.length + T
@@ -285,8 +337,7 @@ class FusedDecoder:
             o = torch.matmul(probs.view(B, KV, G * T, -1), v).view(B, KV, G, T, D).permute(0, 3, 1, 2, 4)
             x = x + F.linear(o.reshape(B, T, H * D), w["o"], w["o_bias"])
             h = F.rms_norm(x, (x.shape[-1],), w["n2"], self.eps)
-            gate_up = F.linear(h, w["gate_up"])
-            x = x + F.linear(F.silu(gate_up[..., :I]) * gate_up[..., I:], w["down"])
+            x = x + F.linear(silu_gate(F.linear(h, w["gate_up"])), w["down"])
         return F.rms_norm(x, (x.shape[-1],), base.norm.weight, self.eps), kvs
 
     def logits(self, hidden: Tensor) -> Tensor:

@@ -158,7 +158,7 @@ class HFGenerator:
         """The same through :class:`~rlweave.models.fused_decoder.FusedDecoder`, decoding into a
         preallocated key/value buffer; the fused projections are built once per generation."""
         dec, P = self.fused, ids.shape[1]
-        weights = dec.weights()
+        weights = dec.weights(decoding=True)
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
         hidden, kvs = dec.forward(ids, pos, prompt_bias(mask), weights=weights)
         buffer = dec.new_buffer(len(rows), P + T)
