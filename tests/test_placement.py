@@ -451,8 +451,10 @@ def test_explicit_slots_land_on_the_named_nodes_and_devices(fake_gpu_cluster, pl
     ]
     # node has 2 CPUs for 4 GPUs: one thread per process
     assert g.host_info("environ", "OMP_NUM_THREADS") == ["1", "1"]
-    # two malloc arenas per worker process (unless the driver's environment says otherwise)
-    assert g.host_info("environ", "MALLOC_ARENA_MAX") == [os.environ.get("MALLOC_ARENA_MAX", "2")] * 2
+    # two malloc arenas per worker process, blocks under 64 MB from the heap and 128 MB of it kept
+    # (unless the driver's environment says otherwise)
+    for key, value in {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "67108864", "MALLOC_TRIM_THRESHOLD_": "134217728"}.items():
+        assert g.host_info("environ", key) == [os.environ.get(key, value)] * 2, key
     d = placed["d"]
     assert d.host_info("node_id") == [c.nodes[0].node_id] * 2
     assert d.host_info("environ", "CUDA_VISIBLE_DEVICES") == ["0", "1"]
