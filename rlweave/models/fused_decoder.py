@@ -283,34 +283,38 @@ class FusedDecoder:
             q_norm = getattr(a, "q_norm", None)
             out.append({
                 "n1": layer.input_layernorm.weight, "n2": layer.post_attention_layernorm.weight,
-                "qk": torch.cat([a.q_proj.weight, a.k_proj.weight]),
-                "qk_bias": None if a.q_proj.bias is None else torch.cat([a.q_proj.bias, a.k_proj.bias]),
-                "v": a.v_proj.weight, "v_bias": a.v_proj.bias, "o": a.o_proj.weight, "o_bias": a.o_proj.bias,
+                "o": a.o_proj.weight, "o_bias": a.o_proj.bias,
                 "qk_norm": None if q_norm is None else torch.cat([q_norm.weight.expand(H, D), a.k_norm.weight.expand(KV, D)]),
                 "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), "down": mlp.down_proj.weight,
             })
+            biased = a.q_proj.bias is not None
             if decoding:
-                out[-1]["qkv"] = torch.cat([out[-1]["qk"], a.v_proj.weight])
-                out[-1]["qkv_bias"] = None if a.v_proj.bias is None else torch.cat([out[-1]["qk_bias"], a.v_proj.bias])
+                out[-1]["qkv"] = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+                out[-1]["qkv_bias"] = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]) if biased else None
+            else:
+                out[-1]["qk"] = torch.cat([a.q_proj.weight, a.k_proj.weight])
+                out[-1]["qk_bias"] = torch.cat([a.q_proj.bias, a.k_proj.bias]) if biased else None
+                out[-1].update(v=a.v_proj.weight, v_bias=a.v_proj.bias)
         return out
 
     def forward(self, ids: Tensor, positions: Tensor, bias: Tensor, past: list[tuple[Tensor, Tensor]] | None = None,
-                buffer: KVBuffer | None = None, weights: list[dict] | None = None
-                ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+                buffer: KVBuffer | None = None, weights: list[dict] | None = None,
+                rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
         """Hidden states [B, T, hidden] after the final norm, and this pass's keys/values per layer
         [B, kv_heads, T, D].
 
         ``bias`` [B, T, L]: additive attention bias over the L keys (``past``'s or the buffer's
         filled prefix, then these T tokens). ``past``: keys/values to prepend per layer
         (training: differentiable). ``buffer``: decoding; these tokens' keys/values are written
-        at ``buffer.length`` (the caller advances it)."""
+        at ``buffer.length`` (the caller advances it). ``rope``: :func:`rope_tables` of
+        ``positions``, when the caller has them (a generation computes all its steps' at once)."""
         H, KV, D = self.heads, self.kv_heads, self.head_dim
         G = H // KV
         B, T = ids.shape
         base = self.model.model
         emb = base.embed_tokens
         x = F.embedding(ids, emb.weight, emb.padding_idx)
-        cos, sin = rope_tables(base.rotary_emb.inv_freq, positions, x.dtype)
+        cos, sin = rope or rope_tables(base.rotary_emb.inv_freq, positions, x.dtype)
         bias = bias.to(x.dtype)[:, None, None]  # [B, 1, 1, T, L]: broadcast over kv heads and groups
         scale = D ** -0.5
         kvs = []

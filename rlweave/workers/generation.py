@@ -20,7 +20,7 @@ import torch
 
 from rlweave.models import flat_params_checksum
 from rlweave.models.causal_lm import cache_argument, prefill_prompts
-from rlweave.models.fused_decoder import FusedDecoder, prompt_bias
+from rlweave.models.fused_decoder import FusedDecoder, prompt_bias, rope_tables
 from rlweave.workers.weights import WeightPacket, resolve_buckets, unpack_into
 
 __all__ = ["Generation", "HFGenerator"]
@@ -165,10 +165,12 @@ class HFGenerator:
         buffer.fill(kvs, rows)
         keys = torch.cat([mask[rows], mask.new_ones(len(rows), T)], 1).bool()
         bias = torch.zeros(keys.shape).masked_fill_(~keys, float("-inf"))[:, None]  # [B, 1, P + T]
-        next_pos = pos[rows, -1:] + 1
+        next_pos = pos[rows, -1:] + 1 + torch.arange(T)  # every decode step's position, and its rotary tables
+        cos, sin = rope_tables(dec.model.model.rotary_emb.inv_freq, next_pos, hidden.dtype)
 
         def step(token: torch.Tensor, t: int) -> torch.Tensor:
-            h, _ = dec.forward(token, next_pos + t, bias[:, :, :P + t + 1], buffer=buffer, weights=weights)
+            h, _ = dec.forward(token, next_pos[:, t:t + 1], bias[:, :, :P + t + 1], buffer=buffer, weights=weights,
+                               rope=(cos[:, t:t + 1], sin[:, t:t + 1]))
             buffer.length += 1
             return dec.logits(h[:, -1])
 
