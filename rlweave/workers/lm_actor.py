@@ -85,14 +85,15 @@ class LMActorWorker(Worker):
         set_attention(self.model, train_attention(actor_cfg.get("attention", "auto"), self.device.type,
                                                   0 if self.spec.kind == "offline" else actor_cfg.get("max_tokens", 0)))
         self.lora = bool(model_spec.get("lora_rank", 0))
-        self.policy = CausalLMPolicy(self.model, value_head=self.spec.uses_critic, kernels=model_spec.get("kernels", "auto"))
+        kernels = model_spec.get("kernels", "auto")  # model.kernels: the fused forward or the library's
+        self.policy = CausalLMPolicy(self.model, value_head=self.spec.uses_critic, kernels=kernels)
         self.policy.to(self.device)
         self.temperature = float(temperature)  # the rollout's: log-probs are scored under the same distribution
         # the reference model for KL: a frozen copy, or under LoRA the base with its adapters off
         self.use_ref = self.spec.kind != "offline" and algo_cfg.get("kl_coef", 0.0) > 0
         self.ref = None
         if self.use_ref and not self.lora:
-            self.ref = CausalLMPolicy(copy.deepcopy(self.model).eval().requires_grad_(False), kernels=model_spec.get("kernels", "auto"))
+            self.ref = CausalLMPolicy(copy.deepcopy(self.model).eval().requires_grad_(False), kernels=kernels)
         self._strategy_cfg = (actor_cfg.get("strategy", "auto"), actor_cfg.get("ddp_max_gb", 2.0))
         self._strategy: str | None = None
         self.ddp: torch.nn.Module | None = None
