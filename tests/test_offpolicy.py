@@ -337,6 +337,58 @@ def test_sac_parts_on_two_threads_give_the_same_update_as_one_after_the_other():
     assert sac_loss.concurrent and not crossq_loss.concurrent  # CrossQ's actor reads the statistics its critic moves
 
 
+def test_actor_part_in_a_helper_process_writes_the_same_gradients_and_sees_each_optimiser_step():
+    """actor.update_helper=process: the helper binds its modules to the learner's flat buffers in
+    shared memory. Its gradients equal the one-process update's bit for bit, an optimiser step in
+    the learner reaches it without a copy, and its death is reported with its exit code."""
+    import copy
+    import os
+    import signal
+
+    from rlweave.models.flat import FlatParameters
+    from rlweave.workers.update_helper import ActorPartProcess
+
+    actor, critic, target, log_alpha, batch = _sac_parts()
+    opts = LossOptions(target_entropy=-2.0)
+    # the reference: the same modules, unshared, one process
+    ref = LearnerNets(copy.deepcopy(actor), copy.deepcopy(critic), target, log_alpha=torch.nn.Parameter(log_alpha.detach().clone()))
+    ref_params = [*ref.actor.parameters(), ref.log_alpha, *ref.critic.parameters()]
+    nets = LearnerNets(actor, critic, target, log_alpha=log_alpha)
+    flats = [FlatParameters([*actor.parameters(), log_alpha]), FlatParameters(critic.parameters())]
+    params = [*actor.parameters(), log_alpha, *critic.parameters()]
+    ref_opt = torch.optim.Adam(ref_params, lr=1e-2)
+    opt = torch.optim.Adam([f.flat for f in flats], lr=1e-2)
+    helper = ActorPartProcess(nets, flats, sac_loss.actor, opts, None, sac_loss.prepare(batch, nets), name="actor[0]")
+    try:
+        for step in range(3):
+            for p in ref_params:
+                p.grad = None
+            for f in flats:
+                f.zero_grad()
+            torch.manual_seed(step)
+            sum(v for k, v in sac_loss(batch, ref, opts).items() if k.startswith("loss_")).backward()
+            torch.manual_seed(step)
+            b = sac_loss.prepare(batch, nets)
+            helper.submit(b)
+            critic_terms = sac_loss.critic(b, nets, opts)
+            critic_terms["loss_qvalue"].backward()
+            actor_terms = helper.result()
+            assert set(actor_terms) == {"loss_actor", "entropy", "loss_alpha"} and actor_terms["loss_actor"].dtype == torch.float32
+            assert all(torch.equal(p.grad, q.grad) for p, q in zip(params, ref_params)), f"step {step}"
+            assert all(p.grad.abs().sum() > 0 for p in params)
+            ref_opt.step()
+            opt.step()
+            assert all(torch.equal(p, q) for p, q in zip(params, ref_params))
+        os.kill(helper.process.pid, signal.SIGKILL)
+        helper.process.wait()
+        with pytest.raises(RuntimeError, match=rf"actor\[0\]: the helper process running the actor's part of the update "
+                                               rf"\(pid {helper.process.pid}\) exited with code -9"):
+            helper.submit(b)
+            helper.result()
+    finally:
+        helper.close()
+
+
 def test_policy_delay_leaves_out_the_actor_and_alpha_terms():
     actor, critic, target, log_alpha, batch = _sac_parts()
     nets = LearnerNets(actor, critic, target, log_alpha=log_alpha)
@@ -440,7 +492,7 @@ def test_auto_placement_tries_each_layout_on_learning_iterations_and_loses_no_sa
     layout runs two learning iterations (the second timed; iterations before learning_starts are not
     counted), then the faster measured. Every transition reaches the replay once across the switches."""
     run_dir = tmp_path / "auto"
-    rc, out = train("sac-pendulum", *SMALL, "placement.mode=auto", "train.total_env_steps=800", "train.eval_every=0",
+    rc, out = train("sac-pendulum", *SMALL, "placement.mode=auto", "train.total_env_steps=600", "train.eval_every=0",
                     "train.checkpoint_every=0", f"run.dir={run_dir}")
     assert rc == 0, out
     rows = read_metrics(run_dir)
@@ -457,14 +509,32 @@ def test_auto_placement_tries_each_layout_on_learning_iterations_and_loses_no_sa
     assert sum(len(it["transitions"]["reward"]) for it in replay[0]["staged"]) == 100
 
 
+def test_weights_carried_by_the_collection_call_reach_every_env_sharing_a_rollout_replica(ray_session, tmp_path):
+    """Two env workers share one rollout replica; each collection call hands it the learner's
+    newest packet and the replica loads it once, before either env acts. So every transition of
+    iteration i was acted by version i-1: staleness exactly 1 once the policy acts
+    (``train.max_staleness=1`` would stop the run at 2)."""
+    rc, out = train("sac-pendulum", *SMALL, "env.num_workers=2", "rollout.num_workers=1", "train.max_staleness=1",
+                    "train.total_env_steps=600", "train.eval_every=0", f"run.dir={tmp_path / 'r'}")
+    assert rc == 0, out
+    rows = read_metrics(tmp_path / "r")
+    assert [r["env_steps"] for r in rows] == [100, 200, 300, 400, 500, 600]
+    # random actions until 150 steps (exempt); the policy first acts in iteration 3, with version 2,
+    # and iteration 4's learner (version 3) takes those transitions in: one version behind, never two
+    assert [r["samples/random_actions"] for r in rows] == [1, 1, 0, 0, 0, 0]
+    assert [r["samples/staleness"] for r in rows] == [0, 0, 0, 1, 1, 1]
+
+
 def test_same_seed_same_learning_on_one_or_two_update_threads_and_resume_continues(ray_session, tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    for d, threads in ((a, 1), (b, 2)):
-        rc, out = train("sac-pendulum", *SMALL, f"actor.update_threads={threads}", f"run.dir={d}")
+    """The actor's part on a helper process (the default of update_threads=2) or on a helper
+    thread: the same numbers as one after the other."""
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for d, threads, helper in ((a, 1, "process"), (b, 2, "process"), (c, 2, "thread")):
+        rc, out = train("sac-pendulum", *SMALL, f"actor.update_threads={threads}", f"actor.update_helper={helper}", f"run.dir={d}")
         assert rc == 0, out
-    ra, rb = read_metrics(a), read_metrics(b)
     key = ["train/loss_qvalue", "train/loss_actor", "train/alpha", "eval/episode_return"]
-    assert [[r.get(k) for k in key] for r in ra] == [[r.get(k) for k in key] for r in rb]
+    ra, rb, rc_ = ([[r.get(k) for k in key] for r in read_metrics(d)] for d in (a, b, c))
+    assert ra == rb == rc_ and len(ra) == 4 and all(v is not None for v in ra[-1])
     # resume: more steps on top of the finished run, continuing its counters
     cfg_path = a / "config.yaml"
     cfg = OmegaConf.load(cfg_path)

@@ -207,6 +207,9 @@ class _HostBase:
         ctx = self.contexts.pop(group, None)
         if ctx is not None and _IN_PROCESS.get((group, ctx.rank)) is worker:
             del _IN_PROCESS[(group, ctx.rank)]
+        close = getattr(worker, "close", None)
+        if callable(close):  # a worker's own resources (helper processes, reward servers)
+            close()
         return None, 0.0
 
     def set_context(self, group: str, ctx: WorkerContext) -> tuple[None, float]:
@@ -533,10 +536,14 @@ class WorkerGroup:
         self.hosts = []
 
     def shutdown(self) -> None:
-        if not self.local and self.owns_hosts:
+        if self.owns_hosts:
             for h in self.hosts:
                 try:
-                    ray.kill(h)
+                    if self.local:  # the driver process lives on: its workers are let go
+                        for group in list(h.workers):
+                            h.remove_worker(group)
+                    else:
+                        ray.kill(h)
                 except Exception:  # noqa: BLE001 - already gone
                     pass
         self.hosts = []

@@ -42,9 +42,9 @@ class FlatParameters:
         data = torch.cat([p.detach().reshape(-1) for p in self.params])
         self.flat = nn.Parameter(data)
         self.flat.grad = torch.zeros_like(data)
-        self._bind()
+        self.bind()
 
-    def _bind(self) -> None:
+    def bind(self) -> None:
         """Points every parameter (and its gradient) at its slice of the flat buffers."""
         data, grad = self.flat.data, self.flat.grad
         offset = 0
@@ -52,6 +52,20 @@ class FlatParameters:
             p.data = data[offset : offset + n].view_as(p)
             p.grad = grad[offset : offset + n].view_as(p)
             offset += n
+
+    def adopt(self, data: Tensor, grad: Tensor, copy: bool = True) -> None:
+        """Moves the buffers to ``data`` and ``grad`` (1-D, this dtype and size; shared memory
+        that a helper process also maps, :mod:`rlweave.workers.update_helper`), copying the
+        current values over unless ``copy=False``, and re-binds the views. The optimizer keeps
+        the same parameter object."""
+        if data.shape != self.flat.shape or grad.shape != self.flat.shape or data.dtype != self.flat.dtype:
+            raise ValueError(f"FlatParameters.adopt: buffers of {tuple(data.shape)} {data.dtype} for {tuple(self.flat.shape)} {self.flat.dtype}")
+        if copy:
+            data.copy_(self.flat.data)
+            grad.copy_(self.flat.grad)
+        self.flat.data = data
+        self.flat.grad = grad
+        self.bind()
 
     def zero_grad(self) -> None:
         self.flat.grad.zero_()
@@ -72,4 +86,4 @@ class FlatParameters:
         grad = self.flat.grad.to(device)
         self.flat.data = self.flat.data.to(device)
         self.flat.grad = grad
-        self._bind()
+        self.bind()

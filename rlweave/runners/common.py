@@ -408,8 +408,12 @@ class RunnerBase:
             progress = Progress(self._budget()[1], enabled=cfg.run.progress, unit=self._budget_unit, labels=self._progress_labels)
             try:
                 while self._more() and self._stop_reason is None:
-                    try:
+                    try:  # a process may also die while the checkpoint gathers its state
                         last = self._iteration(metrics, trace, progress)
+                        self._after_iteration(last)
+                        ce = cfg.train.checkpoint_every
+                        if ce and self.iteration % ce == 0:
+                            self._save()
                     except WorkerError as e:
                         if not e.process_died or self.restarts >= cfg.train.max_restarts:
                             if e.process_died and cfg.train.max_restarts:
@@ -419,10 +423,6 @@ class RunnerBase:
                         self._recover(e)
                         metrics = MetricsWriter(self.run_dir, tensorboard=cfg.run.tensorboard)
                         continue
-                    self._after_iteration(last)
-                    ce = cfg.train.checkpoint_every
-                    if ce and self.iteration % ce == 0:
-                        self._save()
                     if on_iteration is not None:
                         on_iteration(self, last)
             finally:

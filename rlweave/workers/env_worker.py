@@ -13,6 +13,7 @@ from rlweave.envs import VectorEnv
 from rlweave.utils.memory import peak_rss_mb
 from rlweave.workers.channels import ChannelSpec
 from rlweave.workers.replay import NStepWriter
+from rlweave.workers.weights import WeightPacket
 
 
 class EnvWorker(Worker):
@@ -176,7 +177,7 @@ class EnvWorker(Worker):
         self.gate = load_gate(gate, threshold, operator)
 
     def collect_transitions(self, num_steps: int, n_step: int = 1, random_actions: bool = False,
-                            labelling: str | None = None, beta: float = 0.0) -> dict:
+                            labelling: str | None = None, beta: float = 0.0, weights: WeightPacket | None = None) -> dict:
         """Off-policy collection: ``num_steps`` decisions on every env with the rollout worker's
         current policy (or uniform random actions: the warm-up before learning starts), written as
         n-step transitions to this worker's replay shard through the transition channel (one item
@@ -185,7 +186,14 @@ class EnvWorker(Worker):
         Imitation (``labelling`` set, see ``AlgorithmSpec.labelling``): the stored action is the
         expert's label. ``"expert"``: the expert acts; ``"mixture"``: the expert acts on each env
         with probability ``beta``, else the learner; ``"gated"``: the learner acts unless the gate
-        hands the step to the expert, and only those steps are stored."""
+        hands the step to the expert, and only those steps are stored.
+
+        ``weights``: a packet the rollout worker loads before the first decision (the runner's
+        weight sync, carried by the collection call instead of a call of its own); the reply's
+        ``weights_checksum`` is what the rollout worker loaded."""
+        t_load = time.perf_counter()
+        loaded = None if weights is None else self.rollout.result(self.rollout.submit("load_weights", weights))[0]
+        t_load = time.perf_counter() - t_load
         env, n = self.env, self.env.num_envs
         if self.writer is None:
             self.writer = NStepWriter(n_step, self.gamma ** env.chunk, n)
@@ -251,6 +259,8 @@ class EnvWorker(Worker):
             "time_wait_action": t_wait,
             "time_infer": t_infer,
             "time_put": t_put,
+            "time_weight_load": t_load,
+            "weights_checksum": loaded,
             "peak_rss_mb": peak_rss_mb(),
         }
 

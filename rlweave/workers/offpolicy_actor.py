@@ -35,9 +35,30 @@ from rlweave.cluster import Peer, Worker
 from rlweave.models import QEnsemble, build_policy
 from rlweave.models.flat import FlatParameters
 from rlweave.utils.memory import peak_rss_mb
+from rlweave.workers.update_helper import ActorPartProcess
 from rlweave.workers.weights import WeightPacket, pack_state, share_packet
 
 _BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount")
+
+
+class _ActorPartThread:
+    """The actor's part of concurrent updates on a thread of the learner's process
+    (``actor.update_helper=thread``); same interface as :class:`ActorPartProcess`."""
+
+    def __init__(self, run):
+        self.run = run  # batch -> detached terms, after the part's backward pass
+        # denormals are flushed per thread (see cluster.worker)
+        self.pool = cf.ThreadPoolExecutor(1, thread_name_prefix="learner-actor-part", initializer=torch.set_flush_denormal, initargs=(True,))
+        self.future: cf.Future | None = None
+
+    def submit(self, batch: dict) -> None:
+        self.future = self.pool.submit(self.run, batch)
+
+    def result(self) -> dict:
+        return self.future.result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
 
 
 class OffPolicyActorWorker(Worker):
@@ -53,6 +74,7 @@ class OffPolicyActorWorker(Worker):
         total_updates: int = 0,
         precision: str = "float32",
         update_threads: int = 1,
+        update_helper: str = "process",
     ):
         self.cfg = algo_cfg
         # actor.precision=bfloat16: the losses run under autocast, so the hidden layers' matmuls
@@ -60,10 +82,14 @@ class OffPolicyActorWorker(Worker):
         # models keep their output layers, and the optimiser its state, in float32
         self.autocast_dtype = torch.bfloat16 if precision == "bfloat16" else None
         # actor.update_threads=2: the critic's and the actor's parts of an update (ActorCriticLoss,
-        # concurrent) run at the same time, the actor's on a helper thread: they read the same
-        # weights and write disjoint gradients, and each is single-threaded matmuls too small for
-        # intra-op threads to pay (measured: 2 intra-op threads slowed SAC's learner down)
-        self._helper: cf.ThreadPoolExecutor | None = None
+        # concurrent) run at the same time: they read the same weights and write disjoint
+        # gradients, and each is single-threaded matmuls too small for intra-op threads to pay
+        # (measured: 2 intra-op threads slowed SAC's learner down). The actor's part runs in a
+        # helper process sharing the parameters' memory (actor.update_helper=process; no GIL
+        # between the parts, see workers.update_helper) or on a thread of this process; GPU
+        # learners use the thread
+        self._helper: ActorPartProcess | _ActorPartThread | None = None
+        self.update_helper = update_helper if self.device.type == "cpu" else "thread"
         self.total_updates = int(total_updates)  # the horizon of algorithm.actor_lr_schedule
         self.spec = get_algorithm(algo_cfg["name"])
         self.loss_fn = get_policy_loss(self.spec.loss)
@@ -142,15 +168,18 @@ class OffPolicyActorWorker(Worker):
             )
         return {"ingested": got["transitions"], "staleness": staleness}
 
-    def train(self, num_updates: int, ingest: int, max_staleness: int | None = None) -> dict:
+    def train(self, num_updates: int, ingest: int, max_staleness: int | None = None, export: bool = False) -> dict:
         """Ingests ``ingest`` transition batches, then runs ``num_updates`` gradient updates on
-        uniformly sampled batches, and moves to the next policy version."""
+        uniformly sampled batches, and moves to the next policy version; ``export``: the reply's
+        ``weights`` holds that version's packet (saves the runner a call of its own)."""
         t0 = time.perf_counter()
         out: dict = self.ingest(ingest, max_staleness)
         t1 = time.perf_counter()
         if num_updates > 0 and self._call_replay("size") > 0:  # (HG-DAgger may have no label yet)
             out.update(self._update(num_updates))
         self.version += 1
+        if export:
+            out["weights"] = self.export_weights()
         out["time/actor_wait"] = t1 - t0
         out["time/actor_train"] = time.perf_counter() - t1
         out["peak_rss_mb"] = peak_rss_mb()
@@ -176,9 +205,10 @@ class OffPolicyActorWorker(Worker):
                 flat.zero_grad()
             if self.concurrent_parts and update_actor:
                 batch = self.loss_fn.prepare(batch, self.nets)  # the actor's noise, drawn here, before the fork
-                actor_part = self._helper_pool().submit(self._backward, self.loss_fn.actor, batch)
+                helper = self._actor_part(batch)
+                helper.submit(batch)
                 out = self._backward(self.loss_fn.critic, batch)
-                out.update(actor_part.result())
+                out.update(helper.result())  # its gradients are written: the optimisers may step
             else:
                 out = self._backward(partial(self.loss_fn, update_actor=update_actor), batch)
             if "critic" in self.optimizers:
@@ -204,11 +234,22 @@ class OffPolicyActorWorker(Worker):
         sum(v for k, v in out.items() if k.startswith("loss_")).backward()
         return {k: v.detach() for k, v in out.items()}
 
-    def _helper_pool(self) -> cf.ThreadPoolExecutor:
-        if self._helper is None:  # denormals are flushed per thread (see cluster.worker)
-            self._helper = cf.ThreadPoolExecutor(1, thread_name_prefix="learner-actor-part",
-                                                 initializer=torch.set_flush_denormal, initargs=(True,))
+    def _actor_part(self, batch: dict) -> ActorPartProcess | _ActorPartThread:
+        """Where the actor's part of concurrent updates runs, started at the first one (``batch``:
+        the shapes of every batch)."""
+        if self._helper is None:
+            if self.update_helper == "process":
+                self._helper = ActorPartProcess(self.nets, self.flats, self.loss_fn.actor, self.loss_options,
+                                                self.autocast_dtype, batch, name=f"{self.group_name}[{self.rank}]")
+            else:
+                self._helper = _ActorPartThread(partial(self._backward, self.loss_fn.actor))
         return self._helper
+
+    def close(self) -> None:
+        """Stops the helper of concurrent updates (called when the worker is removed)."""
+        if self._helper is not None:
+            self._helper.close()
+            self._helper = None
 
     # ------------------------------------------------------------------ weights and state
     def _autocast(self):

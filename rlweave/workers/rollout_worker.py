@@ -34,6 +34,7 @@ class RolloutWorker(Worker):
         self.record_events = False
         self.events: list[tuple[str, float, float]] = []
         self.offloaded = False
+        self._loaded_checksum: str | None = None
         self.shapes = {name: p.shape for name, p in self.policy.named_parameters()}
         self.float_obs = not (hasattr(observation_space, "dtype") and observation_space.dtype == np.uint8)
 
@@ -91,19 +92,28 @@ class RolloutWorker(Worker):
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.offloaded = True
+        self._loaded_checksum = None
         return {"released_params": released, "before": before, "after": device_memory_mb(self.device)}
 
     def load_weights(self, packet: WeightPacket) -> str:
-        if self.offloaded:
-            for name, p in self.policy.named_parameters():
-                p.data = torch.empty(self.shapes[name], dtype=p.dtype, device=p.device)
-            self.offloaded = False
-        unpack_into(self.policy, resolve_buckets(packet.buckets))
-        got = flat_params_checksum(self.policy)
-        if got != packet.checksum:
-            raise RuntimeError(f"weight sync v{packet.version}: checksum {got} != actor's {packet.checksum}")
-        self.version = packet.version
-        return got
+        """Loads ``packet`` and returns the checksum of what it loaded. Several env workers that
+        share this replica may each hand it the same packet at the start of their collection
+        (the off-policy runner's carried sync): the first loads it, the others wait for that and
+        find it loaded, so none of them acts with the previous weights."""
+        with self._lock:  # not while a request computes with the weights
+            if not self.offloaded and packet.version == self.version and packet.checksum == self._loaded_checksum:
+                return self._loaded_checksum
+            if self.offloaded:
+                for name, p in self.policy.named_parameters():
+                    p.data = torch.empty(self.shapes[name], dtype=p.dtype, device=p.device)
+                self.offloaded = False
+            unpack_into(self.policy, resolve_buckets(packet.buckets))
+            got = flat_params_checksum(self.policy)
+            if got != packet.checksum:
+                raise RuntimeError(f"weight sync v{packet.version}: checksum {got} != actor's {packet.checksum}")
+            self.version = packet.version
+            self._loaded_checksum = got
+            return got
 
     def checksum(self) -> str:
         return flat_params_checksum(self.policy)
