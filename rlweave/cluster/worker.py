@@ -182,6 +182,14 @@ def _flush_denormals() -> None:
     torch.set_flush_denormal(True)
 
 
+def _close(worker: Any) -> None:
+    """Calls a worker's ``close()``, if it has one: its own resources (helper processes, reward
+    servers), released when it leaves its host."""
+    close = getattr(worker, "close", None)
+    if callable(close):
+        close()
+
+
 class _HostBase:
     """Holds the worker objects of one process and runs method calls on them."""
 
@@ -207,10 +215,14 @@ class _HostBase:
         ctx = self.contexts.pop(group, None)
         if ctx is not None and _IN_PROCESS.get((group, ctx.rank)) is worker:
             del _IN_PROCESS[(group, ctx.rank)]
-        close = getattr(worker, "close", None)
-        if callable(close):  # a worker's own resources (helper processes, reward servers)
-            close()
+        _close(worker)
         return None, 0.0
+
+    def close_workers(self) -> None:
+        """Every worker here releases its own resources; the objects stay (local mode: a finished
+        run's workers can still be inspected in the driver)."""
+        for worker in self.workers.values():
+            _close(worker)
 
     def set_context(self, group: str, ctx: WorkerContext) -> tuple[None, float]:
         self.contexts[group] = ctx
@@ -539,9 +551,8 @@ class WorkerGroup:
         if self.owns_hosts:
             for h in self.hosts:
                 try:
-                    if self.local:  # the driver process lives on: its workers are let go
-                        for group in list(h.workers):
-                            h.remove_worker(group)
+                    if self.local:  # the driver process lives on: its workers release what they hold
+                        h.close_workers()
                     else:
                         ray.kill(h)
                 except Exception:  # noqa: BLE001 - already gone
