@@ -492,7 +492,7 @@ def test_auto_placement_tries_each_layout_on_learning_iterations_and_loses_no_sa
     layout runs two learning iterations (the second timed; iterations before learning_starts are not
     counted), then the faster measured. Every transition reaches the replay once across the switches."""
     run_dir = tmp_path / "auto"
-    rc, out = train("sac-pendulum", *SMALL, "placement.mode=auto", "train.total_env_steps=600", "train.eval_every=0",
+    rc, out = train("sac-pendulum", *SMALL, "placement.mode=auto", "train.total_env_steps=800", "train.eval_every=0",
                     "train.checkpoint_every=0", f"run.dir={run_dir}")
     assert rc == 0, out
     rows = read_metrics(run_dir)
