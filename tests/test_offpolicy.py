@@ -389,6 +389,27 @@ def test_actor_part_in_a_helper_process_writes_the_same_gradients_and_sees_each_
         helper.close()
 
 
+def test_an_error_in_the_helper_process_reaches_the_learner_with_its_traceback():
+    from rlweave.models.flat import FlatParameters
+    from rlweave.workers.update_helper import ActorPartProcess
+
+    actor, critic, target, log_alpha, batch = _sac_parts()
+    nets = LearnerNets(actor, critic, target, log_alpha=log_alpha)
+    flats = [FlatParameters([*actor.parameters(), log_alpha]), FlatParameters(critic.parameters())]
+    no_obs = {k: v for k, v in sac_loss.prepare(batch, nets).items() if k != "obs"}  # the actor's part reads batch["obs"]
+    helper = ActorPartProcess(nets, flats, sac_loss.actor, LossOptions(), None, no_obs, name="actor[0]")
+    try:
+        helper.submit(no_obs)
+        with pytest.raises(RuntimeError, match=r"(?s)actor\[0\]: the actor's part of the update failed in its helper process:.*KeyError: 'obs'"):
+            helper.result()
+        helper.submit(no_obs)  # the helper lives on after a failed part
+        with pytest.raises(RuntimeError, match="KeyError"):
+            helper.result()
+    finally:
+        helper.close()
+    assert helper.process.returncode == 0  # closing the socket ends it
+
+
 def test_policy_delay_leaves_out_the_actor_and_alpha_terms():
     actor, critic, target, log_alpha, batch = _sac_parts()
     nets = LearnerNets(actor, critic, target, log_alpha=log_alpha)

@@ -96,8 +96,12 @@ class ActorPartProcess:
         # lists stay the same objects); the helper rebinds them to the shared memory
         payload = {"actor": nets.actor, "critic": nets.critic, "log_alpha": nets.log_alpha, "flats": flats, "flat_fds": flat_fds,
                    "slot": slot_spec, "part": part, "options": options, "autocast_dtype": autocast_dtype}
-        self._send(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
-        self._reply("ready")
+        try:
+            self._send(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
+            self._reply("ready")
+        except BaseException:
+            self.close()
+            raise
 
     def submit(self, batch: dict[str, Tensor]) -> None:
         """Starts the part on ``batch`` (copied into the shared slot; the call returns at once)."""
@@ -133,6 +137,8 @@ class ActorPartProcess:
             raise self._died() from None
         if kind == "error":
             raise RuntimeError(f"{self.name}: the actor's part of the update failed in its helper process:\n{body}")
+        if kind != expected:
+            raise RuntimeError(f"{self.name}: the helper process answered {kind!r} where {expected!r} was due")
         return body
 
     def _died(self) -> RuntimeError:
