@@ -410,6 +410,28 @@ def test_an_error_in_the_helper_process_reaches_the_learner_with_its_traceback()
     assert helper.process.returncode == 0  # closing the socket ends it
 
 
+@pytest.mark.parametrize("memfd, expected", [(True, "process"), (False, "thread")])
+def test_the_learner_falls_back_to_a_helper_thread_where_a_helper_process_cannot_run(monkeypatch, memfd, expected):
+    """actor.update_helper=process needs memfd (Linux): on macOS the learner runs the actor's part
+    on a thread instead of failing at the first update."""
+    import rlweave.workers.offpolicy_actor as oa
+    from rlweave.cluster.worker import _IN_PROCESS, WorkerContext, _bind
+    from rlweave.config import load_config
+    from rlweave.runners.common import policy_kwargs
+
+    monkeypatch.setattr(oa, "update_helper_available", lambda: memfd)
+    cfg = load_config("sac-pendulum", ["policy.hidden=[8]", "critic.hidden=[8]"])
+    env = gym.make("Pendulum-v1")
+    ctx = WorkerContext(group="actor", rank=0, world_size=1, slot=None, slot_kind="cpu", num_threads=1, local=True)
+    worker = _bind(oa.OffPolicyActorWorker, ctx, (OmegaConf.to_container(cfg.algorithm), policy_kwargs(cfg), OmegaConf.to_container(cfg.critic),
+                                                  env.observation_space, env.action_space, 1, 0),
+                   {"update_threads": 2, "update_helper": "process"})
+    try:
+        assert worker.update_helper == expected and worker.concurrent_parts
+    finally:
+        _IN_PROCESS.pop(("actor", 0), None)
+
+
 def test_policy_delay_leaves_out_the_actor_and_alpha_terms():
     actor, critic, target, log_alpha, batch = _sac_parts()
     nets = LearnerNets(actor, critic, target, log_alpha=log_alpha)

@@ -119,7 +119,8 @@ class ActorConfig:
     # where the actor's part runs when update_threads=2: "process", a helper process bound to the
     # learner's parameters in shared memory (the parts do not contend for Python's GIL: an SAC
     # update took 3.8-4.1 ms against 5.1-5.3 ms on a thread, workers/update_helper.py), or
-    # "thread", a thread of the learner's process. GPU learners use a thread.
+    # "thread", a thread of the learner's process. GPU learners, and systems without memfd
+    # (macOS), use a thread.
     update_helper: str = choice("process", "process", "thread")
 
 

@@ -36,6 +36,7 @@ from rlweave.models import QEnsemble, build_policy
 from rlweave.models.flat import FlatParameters
 from rlweave.utils.memory import peak_rss_mb
 from rlweave.workers.update_helper import ActorPartProcess
+from rlweave.workers.update_helper import available as update_helper_available
 from rlweave.workers.weights import WeightPacket, pack_state, share_packet
 
 _BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount")
@@ -87,9 +88,9 @@ class OffPolicyActorWorker(Worker):
         # (measured: 2 intra-op threads slowed SAC's learner down). The actor's part runs in a
         # helper process sharing the parameters' memory (actor.update_helper=process; no GIL
         # between the parts, see workers.update_helper) or on a thread of this process; GPU
-        # learners use the thread
+        # learners, and systems without memfd (macOS), use the thread
         self._helper: ActorPartProcess | _ActorPartThread | None = None
-        self.update_helper = update_helper if self.device.type == "cpu" else "thread"
+        self.update_helper = update_helper if self.device.type == "cpu" and update_helper_available() else "thread"
         self.total_updates = int(total_updates)  # the horizon of algorithm.actor_lr_schedule
         self.spec = get_algorithm(algo_cfg["name"])
         self.loss_fn = get_policy_loss(self.spec.loss)

@@ -42,7 +42,13 @@ from torch import Tensor
 
 from rlweave.models.flat import FlatParameters
 
-__all__ = ["ActorPartProcess", "shared_tensor"]
+__all__ = ["ActorPartProcess", "available", "shared_tensor"]
+
+
+def available() -> bool:
+    """Whether this OS has what the helper needs: anonymous shared-memory files (Linux's
+    ``memfd_create``). Elsewhere (macOS) the learner runs the part on a thread instead."""
+    return hasattr(os, "memfd_create")
 
 
 def shared_tensor(numel: int, dtype: torch.dtype, fd: int | None = None) -> tuple[Tensor, int]:
