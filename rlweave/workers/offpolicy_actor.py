@@ -35,7 +35,7 @@ from rlweave.cluster import Peer, Worker
 from rlweave.models import QEnsemble, build_policy
 from rlweave.models.flat import FlatParameters
 from rlweave.utils.memory import peak_rss_mb
-from rlweave.workers.update_helper import ActorPartProcess
+from rlweave.workers.update_helper import ActorPartProcess, run_part
 from rlweave.workers.update_helper import available as update_helper_available
 from rlweave.workers.weights import WeightPacket, pack_state, share_packet
 
@@ -228,12 +228,8 @@ class OffPolicyActorWorker(Worker):
         return metrics
 
     def _backward(self, loss_fn, batch: dict) -> dict:
-        """One loss (or part of one) on ``batch`` and the backward pass of its ``loss_*`` terms;
-        returns its detached terms and diagnostics. Autocast is per thread, so it is entered here."""
-        with self._autocast():
-            out = loss_fn(batch, self.nets, self.loss_options)
-        sum(v for k, v in out.items() if k.startswith("loss_")).backward()
-        return {k: v.detach() for k, v in out.items()}
+        """:func:`~rlweave.workers.update_helper.run_part` with this learner's modules and precision."""
+        return run_part(loss_fn, batch, self.nets, self.loss_options, self.autocast_dtype, self.device.type)
 
     def _actor_part(self, batch: dict) -> ActorPartProcess | _ActorPartThread:
         """Where the actor's part of concurrent updates runs, started at the first one (``batch``:
@@ -253,10 +249,6 @@ class OffPolicyActorWorker(Worker):
             self._helper = None
 
     # ------------------------------------------------------------------ weights and state
-    def _autocast(self):
-        dtype = self.autocast_dtype
-        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
-
     def export_weights(self) -> WeightPacket:
         return share_packet(pack_state(self.policy, self.version))
 

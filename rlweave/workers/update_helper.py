@@ -42,7 +42,7 @@ from torch import Tensor
 
 from rlweave.models.flat import FlatParameters
 
-__all__ = ["ActorPartProcess", "available", "shared_tensor"]
+__all__ = ["ActorPartProcess", "available", "run_part", "shared_tensor"]
 
 
 def available() -> bool:
@@ -61,6 +61,17 @@ def shared_tensor(numel: int, dtype: torch.dtype, fd: int | None = None) -> tupl
         os.ftruncate(fd, nbytes)
     buf = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
     return torch.frombuffer(buf, dtype=dtype, count=numel), fd
+
+
+def run_part(part: Callable[..., dict[str, Tensor]], batch: dict[str, Tensor], nets, options,
+             autocast_dtype: torch.dtype | None, device_type: str) -> dict[str, Tensor]:
+    """One loss (or part of one) on ``batch`` under the learner's autocast, and the backward pass
+    of its ``loss_*`` terms; returns its detached terms and diagnostics. The learner's own update
+    and the helper run this same function. Autocast is per thread, so it is entered here."""
+    with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        out = part(batch, nets, options)
+    sum(v for k, v in out.items() if k.startswith("loss_")).backward()
+    return {k: v.detach() for k, v in out.items()}
 
 
 class ActorPartProcess:
@@ -183,10 +194,7 @@ def _serve(conn: Connection) -> None:
         except (EOFError, OSError):
             return  # the learner closed the socket, exited or died
         try:
-            with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
-                out = part(slot, nets, options)
-            sum(v for k, v in out.items() if k.startswith("loss_")).backward()
-            reply = ("done", [(k, float(v.detach())) for k, v in out.items()])
+            reply = ("done", [(k, float(v)) for k, v in run_part(part, slot, nets, options, dtype, device).items()])
         except Exception:
             reply = ("error", traceback.format_exc())
         conn.send_bytes(pickle.dumps(reply))
