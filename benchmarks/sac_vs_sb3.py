@@ -16,19 +16,23 @@ step, so both ratios are close; both are reported.
   SB3      a callback stamps the wall clock when ``num_timesteps`` crosses ``--skip`` and at the
            end of ``learn()``; one process, torch's default threads (2 here).
 
-Precision (``--precision``, default ``both``): SB3 computes in float32 (it has no other setting).
-rlweave runs its learner in float32 and, as a second side of the same run, with
-``actor.precision=bfloat16``: the hidden layers' matmuls under autocast (bf16 operands, float32
-accumulation; weights, gradients, Adam state, output layers and losses float32), which this CPU's
-avx512_bf16 units run at twice the float32 rate. ``ratio`` is the bfloat16 side's, ``ratio_float32``
-the float32 side's; that bf16 does not change what SAC learns is checked separately (``rlweave
-bench learning --recipe sac-pendulum ... actor.precision=bfloat16``, docs/results.md).
+Precision (``--precision``, default ``auto``): SB3 computes in float32 (it has no other setting).
+rlweave runs its learner in float32 and, where this CPU multiplies bf16 natively (avx512_bf16 or
+AMX), also with ``actor.precision=bfloat16`` as a second side of the same run: the hidden layers'
+matmuls under autocast (bf16 operands, float32 accumulation; weights, gradients, Adam state, output
+layers and losses float32). Then ``ratio`` is the bfloat16 side's and ``ratio_float32`` the float32
+side's; on a CPU that would emulate bf16 (AVX2 only: ~50x slower than float32, utils/precision.py)
+there is one rlweave side, float32, and ``ratio`` is its. ``precision`` in the JSON names the side
+``ratio`` measures. ``both`` forces the two sides. That bf16 does not change what SAC learns is
+checked separately (``rlweave bench learning --recipe sac-pendulum ... actor.precision=bfloat16``,
+docs/results.md).
 
 Learner threads (``--update-threads``, default 2): the critic's and the actor's parts of each SAC
-update read the same weights and write disjoint gradients, so rlweave runs the actor's on a second
-thread while the critic's runs (``actor.update_threads=2``; the same numbers as one after the other,
-checked in tests/test_offpolicy.py). It lands on the core the env process leaves mostly idle. SB3
-uses its default 2 intra-op threads on the same 2 cores.
+update read the same weights and write disjoint gradients, so rlweave runs the actor's in a helper
+process over the learner's parameters in shared memory while the critic's runs
+(``actor.update_threads=2``, ``actor.update_helper=process``; the same numbers as one after the
+other, checked in tests/test_offpolicy.py). It lands on the core the env process leaves mostly
+idle. SB3 uses its default 2 intra-op threads on the same 2 cores.
 
 Order: a warm-up run of each side (discarded), then ``--repeats`` interleaved rounds; per side the
 median, and the median / min / max of the per-round ratios.
@@ -85,9 +89,10 @@ def settings(update_threads: int = 2) -> dict:
         "random steps": LEARNING_STARTS, "updates per env step": 1, "evaluation": "off", "device": "cpu",
     }
     return {
-        "rlweave": {**common, "learner precision": "float32, and bfloat16 autocast as a second side (--precision)", "processes": "driver + env/rollout process (slot 1) + learner process (slot 0)",
+        "rlweave": {**common, "learner precision": "float32, and bfloat16 autocast as a second side where native (--precision)",
+                    "processes": "driver + env/rollout process (slot 1) + learner process (slot 0) + its update helper",
                     "torch threads": "1 per worker process (intra-op)",
-                    "learner update threads": (f"{update_threads}: critic and actor parts of each update at once" if update_threads > 1
+                    "learner update threads": (f"{update_threads}: critic and actor parts of each update at once (actor's in the helper process)" if update_threads > 1
                                                else "1: critic and actor parts one after the other"),
                     "weights to rollout": f"every {ROLLOUT_STEPS} env steps"},
         "sb3": {**common, "precision": "float32", "processes": "1", "torch threads": "torch default (2)", "weights to rollout": "same process"},
@@ -153,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", type=int, default=600, help="env steps left out at the start (start-up, warm-up)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--precision", choices=("both", "bfloat16", "float32"), default="both",
-                   help="rlweave learner precision(s) measured against SB3's float32 (both: two rlweave sides)")
+    p.add_argument("--precision", choices=("auto", "both", "bfloat16", "float32"), default="auto",
+                   help="rlweave learner precision(s) measured against SB3's float32 (both: two rlweave sides; "
+                        "auto: both where this CPU has native bf16, else float32)")
     p.add_argument("--update-threads", type=int, choices=(1, 2), default=2,
                    help="rlweave learner: run the critic and actor parts of each update on 2 threads at once, or on 1")
     args = p.parse_args(argv)
@@ -165,7 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     def fmt(side, r):
         return f"{r['steps_per_s']:.1f} env steps/s, {r['updates_per_s']:.1f} updates/s"
 
-    precisions = ("bfloat16", "float32") if args.precision == "both" else (args.precision,)
+    import torch
+
+    from rlweave.utils.precision import cpu_capability, native_bf16
+
+    bf16_native = native_bf16(torch.device("cpu"))
+    if args.precision == "auto":
+        precisions = ("bfloat16", "float32") if bf16_native else ("float32",)
+        print(f"  precision auto: {' and '.join(precisions)} ({cpu_capability()}, "
+              f"{'native' if bf16_native else 'no native'} bfloat16)")
+    else:
+        precisions = ("bfloat16", "float32") if args.precision == "both" else (args.precision,)
     side = {"bfloat16": "rlweave", "float32": "rlweave-float32" if len(precisions) > 1 else "rlweave"}
     sides = {side[pr]: (lambda pr=pr: run_rlweave(args.steps, args.skip, args.seed, pr, args.update_threads)) for pr in precisions}
     warm, res = C.interleave({**sides, "sb3": lambda: run_sb3(args.steps, args.skip, args.seed)}, args.repeats, describe=fmt)
@@ -175,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         return {"env_steps_per_s": C.median([r["steps_per_s"] for r in rw]), "updates_per_s": C.median([r["updates_per_s"] for r in rw]),
                 "learner_s_per_update": C.median([r["actor_s_per_update"] for r in rw]), "runs": rw}
 
-    out = {"benchmark": "sac-vs-sb3"}
+    out = {"benchmark": "sac-vs-sb3", "precision": precisions[0], "bf16_native": bf16_native, "cpu_capability": cpu_capability()}
     for pr in precisions:
         rw = res[side[pr]]
         steps_ratio = C.ratio_stats([r["steps_per_s"] for r in rw], [r["steps_per_s"] for r in sb])

@@ -21,6 +21,7 @@ from rlweave.cli import main
 from rlweave.cluster import Cluster
 from rlweave.models import QEnsemble, SquashedGaussianPolicy, build_policy
 from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint
+from rlweave.utils.precision import resolve_precision
 from rlweave.workers.replay import NStepWriter, ReplayBuffer
 from tests.helpers import QUIET, read_metrics, run_cli, train
 
@@ -302,6 +303,26 @@ def test_bfloat16_autocast_runs_the_hidden_layers_in_bf16_and_keeps_outputs_and_
     assert math.isfinite(out["loss_qvalue"].item()) and critic.weights[0].grad.dtype == torch.float32
 
 
+@pytest.mark.parametrize("avx512_bf16, amx, chosen", [(False, False, None), (True, False, torch.bfloat16), (False, True, torch.bfloat16)])
+def test_actor_precision_auto_takes_bfloat16_only_where_the_cpu_multiplies_it_natively(monkeypatch, avx512_bf16, amx, chosen):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    cpu = torch.device("cpu")
+    auto = resolve_precision("auto", cpu)
+    assert (auto.dtype, auto.native, auto.name) == (chosen, chosen is not None, "bfloat16" if chosen else "float32")
+    assert resolve_precision("bfloat16", cpu).dtype is torch.bfloat16  # asked for: kept, emulated or not
+    assert resolve_precision("float32", cpu).dtype is None
+    line = auto.describe(cpu)
+    assert line.startswith(f"actor.precision=auto: {auto.name} on cpu (")
+    assert line.endswith("which has no native bfloat16") == (chosen is None)
+    # an explicit bfloat16 where it is emulated is called out, with what to use instead
+    emulated = resolve_precision("bfloat16", cpu).describe(cpu)
+    assert ("has no native bfloat16 and emulates it" in emulated) == (chosen is None)
+    assert ("use float32 or auto" in emulated) == (chosen is None)
+    with pytest.raises(ValueError, match="actor.precision: 'float16' is not one of float32, bfloat16, auto"):
+        resolve_precision("float16", cpu)
+
+
 def test_sac_parts_on_two_threads_give_the_same_update_as_one_after_the_other():
     """ActorCriticLoss: the critic part and the actor part read the same weights and write disjoint
     gradients, so running the actor's on another thread (actor.update_threads=2) while the critic's
@@ -511,8 +532,11 @@ SMALL = ["policy.hidden=[32,32]", "critic.hidden=[32,32]", "algorithm.batch_size
 
 def test_async_sac_run_accounts_for_every_sample(ray_session, tmp_path):
     run_dir = tmp_path / "sac"
-    rc, out = train("sac-pendulum", *SMALL, f"run.dir={run_dir}")
+    rc, out = train("sac-pendulum", *SMALL, f"run.dir={run_dir}", "actor.precision=auto")
     assert rc == 0, out
+    # the learner resolved auto on its own device and said what it chose (this machine's CPU)
+    cpu = torch.device("cpu")
+    assert f"[rlweave] {resolve_precision('auto', cpu).describe(cpu)}" in out
     rows = read_metrics(run_dir)
     assert [r["env_steps"] for r in rows] == [100, 200, 300, 400]  # 2 envs x 50 decisions per iteration
     # random actions until learning_starts; then the policy acts
@@ -644,6 +668,7 @@ def no_cluster_start(monkeypatch):
         ("sac-pendulum", ["placement.mode=auto", "env.num_workers=3", "rollout.num_workers=3"],
          "placement.mode: auto found no layout for 3 env and 3 rollout workers on 2 cpu slot(s)"),
         ("ppo-cartpole", ["actor.precision=bfloat16"], "actor.precision: bfloat16 applies to the off-policy learner; ppo's actor"),
+        ("sac-pendulum", ["actor.precision=float16"], "actor.precision"),
         ("crossq-pendulum", ["actor.update_threads=2"], "actor.update_threads: 2 runs the critic's and the actor's parts of an update "
          "at the same time; crossq's update has no such parts (rlpd, sac have)"),
     ],

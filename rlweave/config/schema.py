@@ -107,10 +107,12 @@ class ActorConfig:
     # the fused CPU kernel's per-call cost dominates: 13% of a step measured), sdpa otherwise
     attention: str = choice("auto", "auto", "eager", "sdpa")
     # the dtype of the off-policy learner's hidden-layer matmuls (autocast): bfloat16 runs them
-    # at twice the rate on CPUs with native bf16 (avx512_bf16, AMX) and on GPUs; parameters,
-    # gradients, optimizer state, output layers and losses stay float32. Language models choose
-    # model.dtype instead; the on-policy actors train in float32.
-    precision: str = choice("float32", "float32", "bfloat16")
+    # at twice the rate on CPUs with native bf16 (avx512_bf16, AMX) and on GPUs, and ~50x slower
+    # than float32 where it is emulated (AVX2 CPUs); auto = bfloat16 where the learner's device
+    # has it natively, else float32 (utils/precision.py). Parameters, gradients, optimizer state,
+    # output layers and losses stay float32. Language models choose model.dtype instead; the
+    # on-policy actors train in float32.
+    precision: str = choice("float32", "float32", "bfloat16", "auto")
     # threads the off-policy learner runs one update on: 2 runs the critic's part and the actor's
     # part of an SAC or RLPD update at the same time (they read the same weights and write
     # disjoint gradients), so the learner uses a second core beside its slot; the results are

@@ -109,6 +109,9 @@ class OffPolicyRunner(RunnerBase):
                   self._total_updates(), cfg.actor.precision, cfg.actor.update_threads, cfg.actor.update_helper),
         )
         self.groups.append(self.actor)
+        if cfg.actor.precision != "float32":  # resolved by each learner rank on its own device
+            for line in dict.fromkeys(self.actor.run("describe_precision")):
+                print(f"[rlweave] {line}")
         # the replay shard lives in the learner's process: sampling is a function call
         offline = cfg.replay.offline_dataset
         share = 1.0 if self.offline else cfg.replay.offline_share if offline else 0.0

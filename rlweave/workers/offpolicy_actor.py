@@ -35,6 +35,7 @@ from rlweave.cluster import Peer, Worker
 from rlweave.models import QEnsemble, build_policy
 from rlweave.models.flat import FlatParameters
 from rlweave.utils.memory import peak_rss_mb
+from rlweave.utils.precision import resolve_precision
 from rlweave.workers.update_helper import ActorPartProcess, run_part
 from rlweave.workers.update_helper import available as update_helper_available
 from rlweave.workers.weights import WeightPacket, pack_state, share_packet
@@ -81,7 +82,9 @@ class OffPolicyActorWorker(Worker):
         # actor.precision=bfloat16: the losses run under autocast, so the hidden layers' matmuls
         # (nearly all of an update's time) take bf16 operands with float32 accumulation; the
         # models keep their output layers, and the optimiser its state, in float32
-        self.autocast_dtype = torch.bfloat16 if precision == "bfloat16" else None
+        # (auto: bf16 only where this process's device multiplies bf16 natively, utils.precision)
+        self.precision = resolve_precision(precision, self.device)
+        self.autocast_dtype = self.precision.dtype
         # actor.update_threads=2: the critic's and the actor's parts of an update (ActorCriticLoss,
         # concurrent) run at the same time: they read the same weights and write disjoint
         # gradients, and each is single-threaded matmuls too small for intra-op threads to pay
@@ -146,6 +149,10 @@ class OffPolicyActorWorker(Worker):
         self.version = 0
         torch.manual_seed(seed * 31 + self.rank)
         random.seed(seed * 31 + self.rank)
+
+    def describe_precision(self) -> str:
+        """What ``actor.precision`` resolved to here, for the run's start-up log."""
+        return self.precision.describe(self.device)
 
     def configure_replay(self, replay: Peer) -> None:
         """The replay shard this rank ingests into and samples from."""
