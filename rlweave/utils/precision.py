@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["LearnerPrecision", "native_bf16", "resolve_precision"]
+__all__ = ["LearnerPrecision", "cpu_capability", "native_bf16", "resolve_precision"]
 
 
 def _cpu_flag(name: str) -> bool:
