@@ -183,7 +183,7 @@ def _serve(conn: Connection) -> None:
                 for key, (fd, shape, dtype) in payload["slot"].items()}
         nets = LearnerNets(actor=payload["actor"], critic=payload["critic"], log_alpha=payload["log_alpha"])
         part, options, dtype = payload["part"], payload["options"], payload["autocast_dtype"]
-        device = nets.actor.action_scale.device.type
+        device = "cpu"  # every buffer is a shared-memory mapping: the helper computes on CPU alone
         conn.send_bytes(pickle.dumps(("ready", None)))
     except Exception:
         conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
