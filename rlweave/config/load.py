@@ -45,11 +45,16 @@ def resolve_recipe(recipe: str) -> Path:
     return candidate
 
 
-def load_config(recipe: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+def load_config(recipe: str, overrides: list[str] | tuple[str, ...] = (), carry: dict[str, Any] | None = None) -> DictConfig:
     """Merges the recipe onto the schema, applies Hydra-syntax overrides (``key=value``,
-    ``+key=value`` for free-form dicts, ``~key``), and validates. Returns a read-only config."""
+    ``+key=value`` for free-form dicts, ``~key``), and validates. Returns a read-only config.
+
+    ``carry`` (dotted key -> value) is set between the recipe and the overrides: values a chained
+    sub-run takes from the run that starts it (:mod:`rlweave.config.chain`)."""
     path = resolve_recipe(recipe)
     cfg = validate(_read_recipe(path))
+    for key, value in (carry or {}).items():
+        OmegaConf.update(cfg, key, value, merge=False)
     apply_overrides(cfg, list(overrides))
     cfg = validate(cfg)
     if not cfg.recipe:

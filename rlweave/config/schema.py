@@ -316,13 +316,24 @@ class TrainConfig:
     # end the run early once an evaluation reaches this (eval/episode_return, or eval/accuracy for
     # language models): e.g. an SFT warm-up that stops at a given held-out accuracy
     stop_at_eval: Optional[float] = None
+    # language-model SFT with stop_at_eval: once an evaluation is within half of the target,
+    # iterations of this many updates, each evaluated, so the run stops close to the target
+    stop_approach_updates: int = positive(5)
 
 
 @dataclass
 class RunConfig:
     dir: Optional[str] = None
     progress: bool = True
-    tensorboard: bool = True
+    # experiment trackers every metrics.jsonl record goes to, at one step (env_steps; the iteration
+    # for language-model and offline runs): tensorboard, wandb, mlflow (rlweave[wandb], rlweave[mlflow]).
+    # Checked before start; one that cannot start or fails is dropped with a warning, never the run
+    loggers: List[str] = field(default_factory=lambda: ["tensorboard"])
+    tensorboard: bool = True  # false: no TensorBoard even when run.loggers names it (the older switch)
+    project: Optional[str] = None  # W&B project / MLflow experiment; default: WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME, else rlweave
+    name: Optional[str] = None  # the tracker run's name; default: the run folder's name
+    group: Optional[str] = None  # W&B group (MLflow tag "group"); default: the recipe
+    tags: List[str] = field(default_factory=list)
     # deterministic kernels in every process, and no timing-driven layout changes, so that a run
     # stopped and resumed (or restarted after a failure) logs the same values as one that was not
     deterministic: bool = False

