@@ -172,7 +172,7 @@ class LLMRunner(RunnerBase):
         self._pending_sync = None
         self._generation_calls = 0
         self._logged_initial_eval = False
-        self._last_eval: float | None = None  # the newest evaluation's accuracy (the SFT stop rule's approach)
+        self._best_eval: float | None = None  # the best evaluation's accuracy so far (the SFT stop rule's approach)
 
     def _plan_placement(self, cluster: Cluster):
         if self.cfg.placement.mode == "auto":
@@ -406,9 +406,10 @@ class LLMRunner(RunnerBase):
         return self._finish_record(record, metrics, trace, progress, final)
 
     def _near_eval_target(self) -> bool:
-        """An evaluation has come within half of ``train.stop_at_eval`` (and not reached it)."""
+        """An evaluation has come within half of ``train.stop_at_eval`` (the best so far: a noisy
+        evaluation just below half does not send the run back to long iterations)."""
         target = self.cfg.train.stop_at_eval
-        return target is not None and self._last_eval is not None and self._last_eval >= 0.5 * target
+        return target is not None and self._best_eval is not None and self._best_eval >= 0.5 * target
 
     def _updates_this_iteration(self) -> int:
         """``train.updates_per_iteration``; near the target, ``train.stop_approach_updates``, each
@@ -604,7 +605,7 @@ class LLMRunner(RunnerBase):
             self._pending_sync = None
         record = super()._finish_record(record, metrics, trace, progress, final)
         if "eval/accuracy" in record:
-            self._last_eval = record["eval/accuracy"]
+            self._best_eval = max(record["eval/accuracy"], self._best_eval or 0.0)
         return record
 
     # ------------------------------------------------------------------ placement.mode=auto
@@ -625,7 +626,7 @@ class LLMRunner(RunnerBase):
 
     def _parts(self) -> dict:
         state = self._driver_state()
-        state.update(updates=self.updates, version=self.version, last_eval=self._last_eval)
+        state.update(updates=self.updates, version=self.version, best_eval=self._best_eval)
         return {"runner": state, "actor": self.actor.run("state")}
 
     def _restore_parts(self, state: dict, remap_ranks: bool = False) -> None:
@@ -639,7 +640,7 @@ class LLMRunner(RunnerBase):
             shards = [shards[0]] + [shards[r] if r < len(shards) else dict(counters) for r in range(1, n)]
         self.actor.call_each("load_state", [(s,) for s in shards]).wait()
         self.updates, self.version = state["runner"]["updates"], state["runner"]["version"]
-        self._last_eval = state["runner"].get("last_eval")
+        self._best_eval = state["runner"].get("best_eval")
         self._pending = self._pending_sync = None
         self._logged_initial_eval = True
 
