@@ -13,7 +13,7 @@ How:
 
 * A host process serves calls on demand (:func:`serve` starts one listener per process, on an
   abstract Unix address -- nothing on disk to clean up -- guarded by a random authentication key
-  that only the driver hands out, via the :class:`~rlweave.cluster.worker.Peer`).
+  that only the driver hands out, via the :class:`~rlweave.cluster.peer.Peer`).
 * Each accepted connection gets a reader thread, which always drains requests into a queue (so a
   caller never blocks sending, whatever the payload sizes), and an executor thread, which runs the
   requests of that connection in order through the host's ``run`` (the same code path as a Ray
@@ -24,7 +24,7 @@ How:
 * Messages are pickles (protocol 5) whose numpy buffers travel out of band, as raw socket frames
   received straight into fresh memory: arrays arrive writable, with one copy on each side.
 * A peer process that dies closes its end of the socket (the kernel does it, however it died): the
-  caller's next read fails and becomes :class:`~rlweave.cluster.worker.WorkerError` with
+  caller's next read fails and becomes :class:`~rlweave.cluster.errors.WorkerError` with
   "worker process died", as a Ray call to a dead actor does.
 """
 

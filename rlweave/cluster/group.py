@@ -1,0 +1,202 @@
+"""WorkerGroup: N processes of one worker class, driven like a one-process program.
+
+A :class:`WorkerGroup` starts one *host* process per placement entry (:mod:`rlweave.cluster.hosts`:
+a Ray actor, or an in-process object in local mode) and builds the worker inside it with its
+context (group name, rank, world size, slot, device) already set, so ``__init__`` can use
+``self.rank``. ``group.call("step", x)`` runs ``step(x)`` on every rank (or the chosen ``ranks``)
+and returns a :class:`~rlweave.cluster.handle.Handle`; ``group.call_each("train", [b0, b1])``
+gives each rank its own argument. Groups placed on the same slots can share host processes
+(``colocate_with=``), as veRL's colocated worker classes do: calls between them cost a function
+call instead of an inter-process hop.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import ray
+
+from rlweave.cluster.cluster import Cluster
+from rlweave.cluster.handle import Handle
+from rlweave.cluster.hosts import start_host
+from rlweave.cluster.peer import Peer
+from rlweave.cluster.placement import GroupPlacement, Slot
+from rlweave.cluster.worker import WorkerContext
+
+
+class WorkerGroup:
+    """N workers of one class, placed on slots, called together."""
+
+    def __init__(
+        self,
+        cls: type,
+        placement: GroupPlacement,
+        cluster: Cluster,
+        args: Sequence = (),
+        kwargs: dict | None = None,
+        colocate_with: "WorkerGroup | None" = None,
+        init_dist: bool = False,
+        name: str | None = None,
+    ):
+        self.cls = cls
+        self.name = name or placement.name
+        self.placement = placement
+        self.cluster = cluster
+        self.local = cluster.local
+        self.args, self.kwargs = tuple(args), dict(kwargs or {})
+        self.owns_hosts = colocate_with is None
+        self.has_dist = init_dist
+        n = placement.num_workers
+        if colocate_with is not None:
+            if colocate_with.placement.slots != placement.slots:
+                raise ValueError(
+                    f"placement.groups.{self.name}: colocating with '{colocate_with.name}' needs identical slots"
+                )
+            self.hosts = colocate_with.hosts
+            self.host_groups = colocate_with.host_groups  # shared, so both groups' errors name both
+            self.host_groups.append(self.name)
+        else:
+            self.hosts = [self._start_host(placement.slots[r], placement) for r in range(n)]
+            self.host_groups = [self.name]
+        contexts = [self._context(r, placement) for r in range(n)]
+        kwargs = dict(kwargs or {})
+        try:
+            refs = [self._host_call(h, "add_worker", self.name, cls, ctx, tuple(args), kwargs) for h, ctx in zip(self.hosts, contexts)]
+            Handle(self.name, "__init__", list(range(n)), refs).wait()
+            if init_dist and n > 1:
+                host, port = self.call("dist_address", ranks=[0]).wait()[0]
+                self.call("init_dist", host, port).wait()
+        except BaseException:
+            if colocate_with is None:  # hosts we started die with the failed group, not at GC time
+                self.shutdown()
+            raise
+
+    @property
+    def world_size(self) -> int:
+        return self.placement.num_workers
+
+    # -- calls --------------------------------------------------------------------------------
+    def call(self, method: str, *args, ranks: Sequence[int] | None = None, **kwargs) -> Handle:
+        """Runs ``method(*args, **kwargs)`` on every rank (or ``ranks``); returns a handle."""
+        ranks = list(range(self.world_size)) if ranks is None else list(ranks)
+        self._check_method(method)
+        pending = [self._host_call(self.hosts[r], "run", self.name, method, args, kwargs) for r in ranks]
+        return Handle(self.name, method, ranks, pending, self.host_groups)
+
+    def call_each(self, method: str, per_rank_args: Sequence[tuple], ranks: Sequence[int] | None = None) -> Handle:
+        """Runs ``method(*per_rank_args[i])`` on rank ``ranks[i]`` (default: rank i)."""
+        ranks = list(range(len(per_rank_args))) if ranks is None else list(ranks)
+        if len(ranks) != len(per_rank_args):
+            raise ValueError(f"{self.name}.{method}: {len(per_rank_args)} argument sets for {len(ranks)} ranks")
+        self._check_method(method)
+        pending = [self._host_call(self.hosts[r], "run", self.name, method, tuple(a), {}) for r, a in zip(ranks, per_rank_args)]
+        return Handle(self.name, method, ranks, pending, self.host_groups)
+
+    def run(self, method: str, *args, **kwargs) -> list:
+        """``call(...).wait()``: the results of every rank."""
+        return self.call(method, *args, **kwargs).wait()
+
+    def host_info(self, what: str, *args) -> list:
+        """Per-rank facts about the host processes (``pid``, ``node_id``, ``environ``)."""
+        pending = [self._host_call(h, what, *args) for h in self.hosts]
+        if self.local:
+            return [p.result() for p in pending]
+        return ray.get(pending)
+
+    def peer(self, rank: int, caller_host: Any = None) -> Peer:
+        """A :class:`Peer` for ``rank``, to hand to a worker living in ``caller_host`` (another
+        group's ``hosts[i]``): a direct in-process reference when that is ``rank``'s own host
+        process (fused groups) or in local mode, else a Ray reference, which also carries the
+        host's direct-call socket unless the cluster's ``peer_calls`` is ``ray`` (a caller on
+        another node falls back to Ray calls by itself)."""
+        if self.local or caller_host is self.hosts[rank]:
+            return Peer(self.name, rank)
+        host = self.hosts[rank]
+        if self.cluster.peer_calls != "direct":
+            return Peer(self.name, rank, host)
+        return Peer(self.name, rank, host, tuple(ray.get(host.direct_address.remote())))
+
+    def resize(self, placement: GroupPlacement) -> None:
+        """Grows or shrinks the group to ``placement`` between calls: ranks beyond the new size stop
+        (their host processes exit), new ranks start on their slots with the group's constructor
+        arguments, and every rank sees the new world size. Ranks that stay keep their process and
+        state, so their slots must not change. Groups that share hosts or a torch.distributed
+        group are rebuilt instead (``ValueError``)."""
+        old, new = self.placement.num_workers, placement.num_workers
+        if not self.owns_hosts or self.has_dist:
+            raise ValueError(f"worker group '{self.name}' shares host processes or a distributed group: rebuild it")
+        keep = min(old, new)
+        if placement.slots[:keep] != self.placement.slots[:keep]:
+            raise ValueError(f"worker group '{self.name}': resizing cannot move ranks 0..{keep - 1} to other slots")
+        if new < old and not self.local:
+            for h in self.hosts[new:]:
+                ray.kill(h)
+        self.hosts = self.hosts[:new]
+        self.placement = placement
+        added = list(range(old, new))
+        self.hosts += [self._start_host(placement.slots[r], placement) for r in added]
+        refs = [self._host_call(self.hosts[r], "add_worker", self.name, self.cls, self._context(r, placement), self.args, self.kwargs) for r in added]
+        refs += [self._host_call(self.hosts[r], "set_context", self.name, self._context(r, placement)) for r in range(keep)]
+        try:
+            Handle(self.name, "__init__", added + list(range(keep)), refs).wait()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def detach(self) -> None:
+        """Removes this group's workers from host processes it shares with another group (the
+        processes keep running the other group); a group that owns its hosts shuts them down."""
+        if self.owns_hosts:
+            self.shutdown()
+            return
+        refs = [self._host_call(h, "remove_worker", self.name) for h in self.hosts]
+        if refs:
+            Handle(self.name, "detach", list(range(len(refs))), refs).wait()
+        if self.name in self.host_groups:
+            self.host_groups.remove(self.name)
+        self.hosts = []
+
+    def shutdown(self) -> None:
+        if self.owns_hosts:
+            for h in self.hosts:
+                try:
+                    if self.local:  # the driver process lives on: its workers release what they hold
+                        h.close_workers()
+                    else:
+                        ray.kill(h)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        self.hosts = []
+
+    # -- internals ----------------------------------------------------------------------------
+    def _check_method(self, method: str) -> None:
+        if not callable(getattr(self.cls, method, None)):
+            raise AttributeError(f"worker class {self.cls.__name__} (group '{self.name}') has no method '{method}'")
+
+    def _context(self, rank: int, placement: GroupPlacement) -> WorkerContext:
+        slot = placement.slots[rank]
+        return WorkerContext(
+            group=self.name,
+            rank=rank,
+            world_size=placement.num_workers,
+            slot=slot,
+            slot_kind=self.cluster.slot_kind,
+            num_threads=self._threads_for(slot, placement),
+            local=self.local,
+        )
+
+    def _threads_for(self, slot: Slot, placement: GroupPlacement | None = None) -> int:
+        if placement is not None and placement.threads is not None:
+            return placement.threads  # asked for in the config (e.g. a learner whose env peer is mostly idle)
+        if self.cluster.slot_kind == "cpu":
+            return 1  # a CPU slot is one core
+        node = self.cluster.nodes[slot.node]
+        return max(1, node.num_cpus // max(1, node.num_gpus))
+
+    def _start_host(self, slot: Slot, placement: GroupPlacement):
+        return start_host(self.cluster, slot, self._threads_for(slot, placement))
+
+    def _host_call(self, host, method: str, *args):
+        if self.local:
+            return host.pool.submit(getattr(host, method), *args)
+        return getattr(host, method).remote(*args)
