@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import pickle
@@ -399,20 +398,16 @@ def test_shm_failed_put_frees_its_block_and_full_arena_falls_back(make, monkeypa
     assert len(arena.segments) == 1
 
 
-def test_shm_async_puts_and_get_batch(make, monkeypatch):
+def test_shm_puts_and_get_batch(make, monkeypatch):
     ch = make("ray", maxsize=3)
     monkeypatch.setattr(_shm, "_arena", _shm.Arena(segment_bytes=8 << 20, max_bytes=8 << 20))
     monkeypatch.setattr(_shm, "_arena_pid", os.getpid())
     items = [np.full((256, 1024), i, np.float32) for i in range(3)]  # 1 MiB each
-
-    async def main():
-        for i, x in enumerate(items):
-            await ch.aput(x, key="k", weight=2.0, version=10 + i)
-        with pytest.raises(ChannelFull):
-            await ch.aput(items[0], block=False)
-        return await ch.aget_batch_envelopes(5.0, key="k", timeout=10)
-
-    envs = asyncio.run(main())
+    for i, x in enumerate(items):
+        ch.put(x, key="k", weight=2.0, version=10 + i)
+    with pytest.raises(ChannelFull):
+        ch.put(items[0], block=False)
+    envs = ch.get_batch_envelopes(5.0, key="k", timeout=10)
     assert [e.version for e in envs] == [10, 11, 12] and [e.seq for e in envs] == [0, 1, 2]
     assert all(np.array_equal(e.item, x) for e, x in zip(envs, items))
     seg = _shm.arena().segments[0]
@@ -530,75 +525,3 @@ def _missing(name: str) -> bool:
         return False
     except ValueError:
         return True
-
-
-# ----------------------------------------------------------------------------- async
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_async_put_get_in_event_loop(make, backend):
-    ch = make(backend, maxsize=1)
-
-    async def main():
-        async def producer():
-            for i in range(5):
-                await ch.aput(i, weight=1, version=i)  # maxsize 1: each put awaits the consumer
-
-        async def consumer():
-            first = await ch.aget(timeout=20)
-            rest = await ch.aget_batch(3, timeout=20)
-            env = await ch.aget_envelope(timeout=20)
-            return first, rest, env
-
-        ticks = 0
-
-        async def ticker():  # the loop stays responsive while the others wait
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.01)
-
-        tick_task = asyncio.create_task(ticker())
-        consumer_task = asyncio.create_task(consumer())
-        await asyncio.sleep(0.1)  # the consumer waits on an empty channel first
-        await asyncio.wait_for(producer(), 20)
-        first, rest, env = await asyncio.wait_for(consumer_task, 20)
-        with pytest.raises(ChannelEmpty, match=rf"channel '{ch.name}' is empty; get timed out"):
-            await ch.aget(timeout=0.1)
-        await ch.aput("x")
-        with pytest.raises(ChannelFull, match=r"is full \(maxsize=1\)"):
-            await ch.aput("y", block=False)
-        tick_task.cancel()
-        return first, rest, env, ticks
-
-    first, rest, env, ticks = asyncio.run(main())
-    assert first == 0 and rest == [1, 2, 3] and (env.item, env.version) == (4, 4)
-    assert ticks >= 5
-
-
-@ray.remote(num_cpus=0)
-class _AsyncConsumer:
-    async def take(self, ch: Channel, target: float) -> list:
-        return await ch.aget_batch(target, timeout=30)
-
-
-def test_async_inside_async_ray_actor(make):
-    ch = make("ray")
-    consumer = _AsyncConsumer.remote()
-    ref = consumer.take.remote(ch, 4)
-    for i in range(4):
-        ch.put(np.full(40_000, i, np.int32) if i == 3 else i)  # the last one (160 KB) goes by the transport
-    got = ray.get(ref, timeout=60)
-    assert got[:3] == [0, 1, 2] and np.array_equal(got[3], np.full(40_000, 3, np.int32))
-    ray.kill(consumer)
-
-
-def test_local_async_woken_by_thread(make):
-    ch = make("local")
-
-    async def main():
-        t = threading.Timer(0.05, lambda: ch.put("from-thread"))
-        t.start()
-        return await asyncio.wait_for(ch.aget(), 10)
-
-    assert asyncio.run(main()) == "from-thread"

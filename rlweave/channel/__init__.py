@@ -1,6 +1,8 @@
 """Channels: named, keyed, bounded FIFOs between worker groups and the driver.
 
-See :mod:`rlweave.channel.channel` for the semantics of both backends (Ray actor, in-process).
+See :mod:`rlweave.channel.channel` for the semantics shared by both backends,
+:mod:`rlweave.channel.ray_channel` (a named Ray actor; payload transports) and
+:mod:`rlweave.channel.local_channel` (in-process).
 """
 
 from ._core import (
@@ -15,7 +17,9 @@ from ._core import (
 )
 from ._actor import ChannelActor
 from ._shm import ChannelPayloadLost
-from .channel import Channel, LocalChannel, RayChannel
+from .channel import Channel
+from .local_channel import LocalChannel
+from .ray_channel import RayChannel
 
 __all__ = [
     "Channel",

@@ -1,6 +1,6 @@
 """The threaded Ray actor that holds a Ray-backed channel's state.
 
-The class is plain Python (no Ray import); :mod:`rlweave.channel.channel` wraps it with
+The class is plain Python (no Ray import); :mod:`rlweave.channel.ray_channel` wraps it with
 ``ray.remote`` (``max_concurrency`` threads) when the first Ray channel is created. All waiting
 (backpressure, blocking gets, ``get_batch``) happens here under one ``threading.Condition``, so a
 blocked caller holds one actor thread and no process. A threaded actor, not an async one: on a

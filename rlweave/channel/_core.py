@@ -76,6 +76,14 @@ def fmt_timeout(timeout: float | None) -> str:
     return f"{timeout:g} s"
 
 
+def check_target(name: str, target_weight: float) -> float:
+    """``get_batch``'s target weight as a float, refused unless > 0."""
+    target = float(target_weight)
+    if not target > 0:
+        raise ValueError(f"channel {name!r}: get_batch target_weight must be > 0, got {target_weight!r}")
+    return target
+
+
 def check_timeout(block: bool, timeout: float | None) -> float | None:
     """Normalise ``(block, timeout)`` to a timeout: ``0.0`` = non-blocking, ``None`` = forever."""
     if not block:

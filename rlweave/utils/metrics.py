@@ -1,4 +1,5 @@
-"""Run outputs: metrics.jsonl, TensorBoard events, a Chrome trace of stage timings, progress line."""
+"""Run outputs: metrics.jsonl (and through it the experiment trackers), a Chrome trace of stage
+timings, the progress line."""
 
 from __future__ import annotations
 
@@ -8,38 +9,36 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlweave.utils.trackers import Trackers
 
 
 class MetricsWriter:
-    """Appends one JSON object per logged iteration; mirrors scalars to TensorBoard.
+    """Appends one JSON object per logged iteration and hands it to the run's experiment trackers
+    (TensorBoard, W&B, MLflow: :mod:`rlweave.utils.trackers`), which outlive this writer across a
+    restart after a worker failure.
 
     Each line is written and flushed whole, so a crash leaves at most a missing last line, never
     a corrupt earlier one.
     """
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True):
+    def __init__(self, run_dir: Path, trackers: Trackers | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
         self._file = open(self.path, "a", encoding="utf-8")
-        self._tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(log_dir=str(run_dir))
+        self.trackers = trackers
 
     def log(self, record: dict) -> None:
         clean = {k: _jsonable(v) for k, v in record.items()}
         self._file.write(json.dumps(clean) + "\n")
         self._file.flush()
-        if self._tb is not None:
-            step = int(record.get("env_steps", record.get("iteration", 0)))
-            for k, v in clean.items():
-                if isinstance(v, (int, float)) and k not in ("iteration", "env_steps") and v is not None:
-                    self._tb.add_scalar(k, v, step)
+        if self.trackers is not None:
+            self.trackers.log(clean)
 
     def close(self) -> None:
+        """Closes metrics.jsonl; the trackers are closed by whoever made them (the runner)."""
         self._file.close()
-        if self._tb is not None:
-            self._tb.close()
 
 
 def _jsonable(v):

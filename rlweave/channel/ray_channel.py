@@ -1,0 +1,390 @@
+"""The Ray backend of :class:`~rlweave.channel.channel.Channel`: a handle to a channel whose state
+lives in a named :class:`~rlweave.channel._actor.ChannelActor`.
+
+Payloads (Ray backend): small items are cloudpickled by the producer and travel as bytes that the
+channel actor stores without looking inside (it never imports the item's classes); items holding
+Ray handles (ObjectRefs, actor handles) travel as objects so Ray tracks the references. Items whose
+estimated size (:func:`estimate_nbytes`: numpy arrays / torch tensors at top level, in a
+TensorDict, or in dicts/lists) is at least ``ref_threshold`` bytes (default 64 KiB) never pass
+through the channel actor; they go by the channel's ``transport``:
+
+* ``shm`` (chosen by ``auto`` when the Ray cluster has one node): the producer copies the item's
+  numpy buffers into shared memory it owns (:mod:`rlweave.channel._shm`), the actor carries a small
+  descriptor, the consumer copies them out into new, writable arrays. Items without numpy buffers
+  (torch tensors pickle their storage in-band) and items that find the producer's arena full go
+  through the object store instead.
+* ``object_store`` (``auto`` on several nodes): the producer ``ray.put``s the item and sends only
+  the ObjectRef; the consumer ``ray.get``s it. Numpy arrays then come back zero-copy (read-only
+  views of the object store: copy before writing in place). Torch tensors work too but are
+  serialised by pickling their storage; convert TensorDicts to numpy (``td.numpy()``) for the
+  fastest path.
+
+Either way the item belongs to the producing process: if that process exits before the item is
+consumed, ``get`` raises (:class:`~rlweave.channel.ChannelPayloadLost`, or Ray's
+``OwnerDiedError``).
+
+Pipelined puts (Ray backend, opt-in): ``Channel.create(..., put_window=W)`` or
+``ch.with_put_window(W)`` lets a blocking put without timeout return once sent, with up to W in
+flight per handle (order kept by per-handle sequence numbers; the handle's next other call or
+``flush()`` waits for them). By default (W=0) a put returns once the item is stored.
+
+A caller that abandons a blocking Ray ``get`` (e.g. Ctrl-C) may lose the item the actor hands out
+afterwards; use timeouts for graceful shutdown.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+import uuid
+from collections import deque
+from typing import Any, Hashable
+
+from . import _shm
+from ._actor import OK, ChannelActor
+from ._core import (
+    ENC_OBJECT,
+    ENC_PICKLED,
+    ENC_REF,
+    ENC_SHM,
+    Entry,
+    Envelope,
+    check_target,
+    check_timeout,
+    estimate_nbytes,
+    resolve_version,
+)
+from .channel import Channel
+
+ACTOR_PREFIX = "rlweave_channel:"
+MAX_CONCURRENCY = 1000
+
+_remote_actor_cls = None
+
+
+class _NeedsRaySerialization(Exception):
+    pass
+
+
+_dumps = None
+
+
+def _cloudpickle(obj: Any, buffer_callback=None) -> bytes:
+    """cloudpickle ``obj``; raises _NeedsRaySerialization if it holds Ray handles (ObjectRefs,
+    actor handles), which only Ray's own serialisation tracks correctly. With ``buffer_callback``
+    (pickle protocol 5), numpy arrays hand their memory to it instead of into the bytes."""
+    global _dumps
+    if _dumps is None:
+        import io
+
+        import ray
+        import ray.cloudpickle as cloudpickle
+
+        ray_types = tuple(
+            t for t in (ray.ObjectRef, ray.actor.ActorHandle, getattr(ray, "ObjectRefGenerator", None)) if t
+        )
+
+        class _Pickler(cloudpickle.CloudPickler):
+            def reducer_override(self, obj):
+                if isinstance(obj, ray_types):
+                    raise _NeedsRaySerialization
+                return super().reducer_override(obj)
+
+        def dumps(obj, buffer_callback=None) -> bytes:
+            buf = io.BytesIO()
+            _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=buffer_callback).dump(obj)
+            return buf.getvalue()
+
+        _dumps = dumps
+    return _dumps(obj, buffer_callback)
+
+
+def _pickle_or_object(item: Any) -> tuple[Any, int]:
+    """Small items: cloudpickled bytes, unless they hold Ray handles; those travel as objects."""
+    if item is None or type(item) in (int, float, bool, str, bytes):
+        return item, ENC_OBJECT  # nothing to gain
+    try:
+        return _cloudpickle(item), ENC_PICKLED
+    except _NeedsRaySerialization:
+        return item, ENC_OBJECT
+
+
+def _shm_or_none(item: Any, min_bytes: int) -> Any:
+    """A shared-memory descriptor of ``item``, or None when the shared memory cannot take it: it
+    holds Ray handles, less than ``min_bytes`` of it is out-of-band buffers (torch tensors pickle
+    their storage in-band), or this process's arena is full."""
+    buffers: list[pickle.PickleBuffer] = []
+    try:
+        meta = _cloudpickle(item, buffers.append)
+    except _NeedsRaySerialization:
+        return None
+    raws = [b.raw() for b in buffers]
+    if sum(r.nbytes for r in raws) < min_bytes:
+        return None
+    return _shm.write(meta, raws)
+
+
+def _actor_class():
+    global _remote_actor_cls
+    if _remote_actor_cls is None:
+        import ray
+
+        _remote_actor_cls = ray.remote(ChannelActor)
+    return _remote_actor_cls
+
+
+def _rebuild_ray_channel(name, actor, maxsize, ref_threshold, put_window=0, transport="object_store"):
+    return RayChannel(name, actor, maxsize, ref_threshold, put_window, transport)
+
+
+def _resolve_transport(name: str, transport: str) -> str:
+    """``auto`` -> ``shm`` on a one-node cluster where memfd segments work (Linux), else
+    ``object_store``; an explicit ``shm`` that cannot work is refused."""
+    if transport == "object_store":
+        return transport
+    import ray
+
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    if _shm.available() and nodes == 1:
+        return "shm"
+    if transport == "shm":
+        why = f"the Ray cluster has {nodes} nodes" if nodes != 1 else "this system has no memfd_create or /proc"
+        raise ValueError(f"channel {name!r}: transport='shm' needs one node and Linux shared memory; {why}")
+    return "object_store"
+
+
+class RayChannel(Channel):
+    """Handle to a channel whose state lives in a named :class:`ChannelActor`."""
+
+    local = False
+
+    def __init__(
+        self, name: str, actor, maxsize: int, ref_threshold: int, put_window: int = 0, transport: str = "object_store"
+    ):
+        self.name = name
+        self.maxsize = maxsize
+        self.ref_threshold = ref_threshold
+        self.put_window = put_window
+        self.transport = transport
+        self._actor = actor
+        self._closed = False
+        # pipelined puts (put_window > 0): replies not yet collected, this handle's producer id
+        self._pending: deque = deque()
+        self._lock = threading.Lock()
+        self._producer: str | None = None
+        self._pseq = 0
+
+    def __reduce__(self):  # a copy is a new producer: it gets its own id and sequence
+        return _rebuild_ray_channel, (
+            self.name, self._actor, self.maxsize, self.ref_threshold, self.put_window, self.transport
+        )
+
+    def with_put_window(self, put_window: int) -> "RayChannel":
+        if put_window < 0:
+            raise ValueError(f"channel {self.name!r}: put_window must be >= 0, got {put_window}")
+        return RayChannel(self.name, self._actor, self.maxsize, self.ref_threshold, int(put_window), self.transport)
+
+    @classmethod
+    def _create(
+        cls, name: str, maxsize: int, ref_threshold: int, put_window: int = 0, transport: str = "auto"
+    ) -> "RayChannel":
+        import ray
+
+        if not ray.is_initialized():
+            raise RuntimeError(
+                f"channel {name!r}: Ray is not initialised; call ray.init() first or create it with local=True"
+            )
+        transport = _resolve_transport(name, transport)
+        namespace = ray.get_runtime_context().namespace
+        try:
+            actor = (
+                _actor_class()
+                .options(
+                    name=ACTOR_PREFIX + name,
+                    namespace=namespace,
+                    num_cpus=0,
+                    max_concurrency=MAX_CONCURRENCY,
+                    max_restarts=0,
+                )
+                .remote(name, maxsize, ref_threshold, put_window, transport)
+            )
+        except ValueError as e:
+            raise ValueError(f"channel {name!r} already exists (use Channel.connect): {e}") from None
+        return cls(name, actor, maxsize, ref_threshold, put_window, transport)
+
+    @classmethod
+    def _connect(cls, name: str) -> "RayChannel":
+        import ray
+
+        if not ray.is_initialized():
+            raise ValueError(f"no channel named {name!r}: Ray is not initialised and no local channel has that name")
+        try:
+            actor = ray.get_actor(ACTOR_PREFIX + name)
+        except ValueError:
+            raise ValueError(f"no channel named {name!r} (namespace {ray.get_runtime_context().namespace!r})") from None
+        try:
+            cfg = ray.get(actor.config.remote())
+        except ray.exceptions.RayActorError:
+            raise ValueError(f"no channel named {name!r} (its actor is dead)") from None
+        return cls(name, actor, cfg["maxsize"], cfg["ref_threshold"], cfg["put_window"], cfg["transport"])
+
+    # ---------------------------------------------------------------- encoding
+    def _encode(self, item: Any) -> tuple[Any, int]:
+        if self.ref_threshold > 0 and estimate_nbytes(item) >= self.ref_threshold:
+            if self.transport == "shm":
+                desc = _shm_or_none(item, self.ref_threshold)
+                if desc is not None:
+                    return desc, ENC_SHM
+            import ray
+
+            return [ray.put(item)], ENC_REF
+        return _pickle_or_object(item)
+
+    def _put_failed(self, payload: Any, enc: int) -> None:
+        """The item was not stored: its shared-memory block (if any) is free again."""
+        if enc == ENC_SHM:
+            _shm.release(payload)
+
+    def _envelopes(self, entries: list[Entry], refs_values: list) -> list[Envelope]:
+        values = iter(refs_values)
+        out = []
+        for e in entries:
+            if e.enc == ENC_REF:
+                item = next(values)
+            elif e.enc == ENC_SHM:
+                item = _shm.read(e.payload, self.name)
+            elif e.enc == ENC_PICKLED:
+                item = pickle.loads(e.payload)
+            else:
+                item = e.payload
+            out.append(Envelope(item, e.key, e.weight, e.version, e.seq))
+        return out
+
+    def _decode(self, entries: list[Entry]) -> list[Envelope]:
+        refs = [e.payload[0] for e in entries if e.enc == ENC_REF]
+        if refs:
+            import ray
+
+            return self._envelopes(entries, ray.get(refs))
+        return self._envelopes(entries, [])
+
+    def _call(self, ref):
+        import ray
+
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError:
+            self._closed = True
+            raise self._closed_error() from None
+
+    def _check_open(self):
+        if self._closed:
+            raise self._closed_error()
+
+    # ---------------------------------------------------------------- pipelined puts
+    def _submit_pipelined(self, payload, key, weight, version, enc):
+        """Under self._lock: send one put tagged with this handle's producer id and sequence."""
+        if self._producer is None:
+            self._producer = uuid.uuid4().hex
+        ref = self._actor.put.remote((payload, key, weight, version, enc, None, self._producer, self._pseq))
+        self._pseq += 1
+        self._pending.append(ref)
+
+    def _pop_pending(self, keep: int):
+        with self._lock:
+            return self._pending.popleft() if len(self._pending) > keep else None
+
+    def flush(self) -> None:
+        """Wait until every put sent through this handle is stored in the channel (pipelined puts,
+        ``put_window > 0``); raises ChannelClosed if the channel died meanwhile. A no-op otherwise."""
+        while (ref := self._pop_pending(0)) is not None:
+            self._call(ref)
+
+    # ---------------------------------------------------------------- sync API
+    def put(
+        self,
+        item: Any,
+        key: Hashable = None,
+        *,
+        weight: float = 1.0,
+        version: int | None = None,
+        block: bool = True,
+        timeout: float | None = None,
+    ) -> None:
+        self._check_open()
+        timeout = check_timeout(block, timeout)
+        version = resolve_version(item, version)
+        payload, enc = self._encode(item)
+        if self.put_window > 0 and timeout is None:
+            while True:
+                with self._lock:
+                    if len(self._pending) < self.put_window:
+                        self._submit_pipelined(payload, key, float(weight), version, enc)
+                        return
+                    ref = self._pending.popleft()
+                self._call(ref)
+        try:
+            self.flush()
+            status = self._call(self._actor.put.remote((payload, key, float(weight), version, enc, timeout, None, 0)))
+        except BaseException:
+            self._put_failed(payload, enc)
+            raise
+        if status != OK:
+            self._put_failed(payload, enc)
+            raise self._full_error(timeout)
+
+    def get_envelope(self, key: Hashable = None, *, block: bool = True, timeout: float | None = None) -> Envelope:
+        self._check_open()
+        self.flush()
+        timeout = check_timeout(block, timeout)
+        status, entry = self._call(self._actor.get.remote(key, timeout))
+        if status != OK:
+            raise self._empty_error(key, timeout)
+        return self._decode([entry])[0]
+
+    def get_batch_envelopes(
+        self, target_weight: float, key: Hashable = None, *, timeout: float | None = None
+    ) -> list[Envelope]:
+        self._check_open()
+        self.flush()
+        target = check_target(self.name, target_weight)
+        timeout = check_timeout(True, timeout)
+        status, result = self._call(self._actor.get_batch.remote(key, target, timeout))
+        if status != OK:
+            raise self._batch_error(key, target, result, timeout)
+        return self._decode(result)
+
+    def qsize(self, key: Hashable = None) -> int:
+        self._check_open()
+        self.flush()
+        return self._call(self._actor.qsize.remote(key))
+
+    def stats(self) -> dict:
+        """Debug counters from the channel actor (``puts_inline``, ``puts_by_ref``, ``gets``, ...)."""
+        self._check_open()
+        self.flush()
+        return self._call(self._actor.stats.remote())
+
+    def close(self) -> None:
+        """Kill the channel actor (idempotent). Items still inside are dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            self._pending.clear()
+        import ray
+
+        try:
+            ray.kill(self._actor, no_restart=True)
+        except Exception:
+            return
+        # ray.kill returns before the actor is gone: wait for it, so that no other handle's call
+        # can still be served (and get an item) after close() returned
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            try:
+                ray.get(self._actor.ping.remote(), timeout=1.0)
+            except Exception:  # noqa: BLE001 - the actor is dead: closed
+                return
+            time.sleep(0.01)
