@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlweave.config import load_config
     from rlweave.envs import space_info
-    from rlweave.workers.datasets import load_transitions
+    from rlweave.data.datasets import load_transitions
 
     cfg = load_config(args.recipe, [f"replay.offline_dataset={args.dataset}", *args.overrides])
     obs_space, act_space = space_info(cfg.env.id, cfg.env.pixels, OmegaConf.to_container(cfg.env.kwargs))

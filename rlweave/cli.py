@@ -140,7 +140,7 @@ def cmd_collect(args) -> int:
     from rlweave.models import build_policy
     from rlweave.runners.common import check_compatible, policy_kwargs
     from rlweave.utils.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-    from rlweave.workers.datasets import DatasetError, collect_dataset
+    from rlweave.data.datasets import DatasetError, collect_dataset
 
     run_dir = Path(args.run_dir)
     if args.episodes < 1:

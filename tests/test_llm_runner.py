@@ -121,7 +121,7 @@ def test_stop_at_eval_ends_the_run_at_the_first_evaluation_reaching_it(tmp_path)
 
 def test_packed_sft_rows_score_like_padded_ones():
     from rlweave.models.causal_lm import CausalLMPolicy, build_causal_lm, train_tokenizer
-    from rlweave.workers.sft_data import SFTData, SFTExample
+    from rlweave.data.sft_data import SFTData, SFTExample
 
     tok = train_tokenizer(["What is 12 + 34? Answer: 46", "hello world"] * 20, vocab_size=280)
     policy = CausalLMPolicy(build_causal_lm(len(tok), arch="qwen3", hidden_size=32, num_layers=2, intermediate_size=64)).eval()
@@ -368,7 +368,7 @@ def test_jsonl_task_with_long_prompts_drops_or_truncates_them_and_counts(tmp_pat
 
 def test_sft_jsonl_reads_prompt_response_and_chat_records_and_names_bad_lines(tmp_path):
     from rlweave.envs.text_tasks import TaskDataError
-    from rlweave.workers.sft_data import SFTExample, read_sft_jsonl
+    from rlweave.data.sft_data import SFTExample, read_sft_jsonl
 
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps({"prompt": "Q: 1+1?\n", "response": "2"}) + "\n" + json.dumps(

@@ -22,7 +22,7 @@ from rlweave.cluster import Cluster
 from rlweave.models import QEnsemble, SquashedGaussianPolicy, build_policy
 from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint
 from rlweave.utils.precision import resolve_precision
-from rlweave.workers.replay import NStepWriter, ReplayBuffer
+from rlweave.data.replay import NStepWriter, ReplayBuffer
 from tests.helpers import QUIET, read_metrics, run_cli, train
 
 BOX = gym.spaces.Box(low=-2.0, high=2.0, shape=(2,), dtype=np.float32)
@@ -683,7 +683,7 @@ def test_off_policy_bad_input_is_refused_before_start(capsys, tmp_path, no_clust
 
 # --------------------------------------------------------------------------- offline datasets
 def _random_dataset(tmp_path: Path, env_id: str, episodes: int, name: str) -> Path:
-    from rlweave.workers.datasets import collect_dataset
+    from rlweave.data.datasets import collect_dataset
 
     out = tmp_path / name
     info = collect_dataset(lambda: gym.make(env_id), None, episodes, out, name, seed=0)
@@ -692,7 +692,7 @@ def _random_dataset(tmp_path: Path, env_id: str, episodes: int, name: str) -> Pa
 
 
 def test_dataset_round_trip_as_transitions(tmp_path):
-    from rlweave.workers.datasets import load_transitions
+    from rlweave.data.datasets import load_transitions
 
     path = _random_dataset(tmp_path, "Pendulum-v1", 3, "pend")
     env = gym.make("Pendulum-v1")
@@ -706,7 +706,7 @@ def test_dataset_round_trip_as_transitions(tmp_path):
 
 
 def test_dataset_with_other_spaces_is_refused_naming_both_shapes(tmp_path):
-    from rlweave.workers.datasets import DatasetError, check_spaces
+    from rlweave.data.datasets import DatasetError, check_spaces
 
     path = _random_dataset(tmp_path, "MountainCarContinuous-v0", 1, "car")
     env = gym.make("Pendulum-v1")

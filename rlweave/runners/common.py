@@ -91,7 +91,7 @@ def check_compatible(cfg: DictConfig):
         except ExpertError as e:
             raise ConfigError(f"imitation.expert: {e}") from None
     if spec.kind in ("off_policy", "offline") and cfg.replay.offline_dataset:
-        from rlweave.workers.datasets import DatasetError, check_spaces
+        from rlweave.data.datasets import DatasetError, check_spaces
 
         try:
             check_spaces(cfg.replay.offline_dataset, obs_space, act_space)

@@ -95,7 +95,7 @@ def check_llm(cfg: DictConfig):
         if cfg.train.total_updates < 1:
             raise ConfigError("train.total_updates: SFT needs the number of gradient updates (> 0)")
         if cfg.data.path:
-            from rlweave.workers.sft_data import read_sft_jsonl
+            from rlweave.data.sft_data import read_sft_jsonl
 
             try:
                 read_sft_jsonl(cfg.data.path, cfg.data.prompt_key, cfg.data.response_key)
@@ -228,7 +228,7 @@ class LLMRunner(RunnerBase):
         self.check_prompts(self.tokenizer)
         self.eval_prompts = self._fit_prompts(self.task.prompts("test", cfg.task.eval_prompts, EVAL_SEED))[0]
         if self.sft:
-            from rlweave.workers.sft_data import SFTData, read_sft_jsonl
+            from rlweave.data.sft_data import SFTData, read_sft_jsonl
 
             d = cfg.data
             examples = read_sft_jsonl(d.path, d.prompt_key, d.response_key, self.tokenizer) if d.path else None
@@ -293,7 +293,7 @@ class LLMRunner(RunnerBase):
 
             corpus = [p.text + p.answer for p in self.task.prompts("train", 2000, seed=self.cfg.seed)]
             if self.sft and self.cfg.data.path:
-                from rlweave.workers.sft_data import read_sft_jsonl
+                from rlweave.data.sft_data import read_sft_jsonl
 
                 corpus += [e.prompt + e.response for e in read_sft_jsonl(self.cfg.data.path, self.cfg.data.prompt_key,
                                                                           self.cfg.data.response_key)]

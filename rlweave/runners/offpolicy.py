@@ -49,7 +49,7 @@ from rlweave.runners.layouts import LayoutTrials
 from rlweave.runners.evaluate import evaluate_policy
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace
 from rlweave.workers.channels import ChannelSpec
-from rlweave.workers.datasets import load_transitions
+from rlweave.data.datasets import load_transitions
 from rlweave.workers.env_worker import EnvWorker
 from rlweave.workers.offpolicy_actor import OffPolicyActorWorker
 from rlweave.workers.replay import ReplayBufferWorker

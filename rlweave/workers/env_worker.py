@@ -12,7 +12,7 @@ from rlweave.cluster import Peer, Worker
 from rlweave.envs import VectorEnv
 from rlweave.utils.memory import peak_rss_mb
 from rlweave.workers.channels import ChannelSpec
-from rlweave.workers.replay import NStepWriter
+from rlweave.data.replay import NStepWriter
 from rlweave.workers.weights import WeightPacket
 
 

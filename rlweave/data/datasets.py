@@ -122,7 +122,7 @@ def collect_dataset(
 
 def load_transitions(path: str | Path, observation_space, action_space, gamma: float) -> tuple[dict[str, np.ndarray], dict]:
     """Every step of the dataset at ``path`` as one-step transitions (the replay format of
-    :mod:`rlweave.workers.replay`), after checking its spaces against the env's. Also returns the
+    :mod:`rlweave.data.replay`), after checking its spaces against the env's. Also returns the
     dataset's statistics (episodes, steps, mean/std/min/max episode return)."""
     check_spaces(path, observation_space, action_space)
     ds = _open(path)
