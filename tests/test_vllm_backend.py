@@ -30,7 +30,7 @@ from rlweave.runners.llm import LLMRunner  # noqa: E402
 from rlweave.utils.metrics import read_metrics  # noqa: E402
 from rlweave.workers.generation import HFGenerator  # noqa: E402
 from rlweave.workers.vllm_generation import VLLMGenerator  # noqa: E402
-from rlweave.workers.weights import pack_state  # noqa: E402
+from rlweave.sync.weights import pack_state  # noqa: E402
 
 TASK = ArithmeticTask()
 QWEN3 = dict(arch="qwen3", hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128, max_positions=128)

@@ -54,7 +54,7 @@ from rlweave.workers.env_worker import EnvWorker
 from rlweave.workers.offpolicy_actor import OffPolicyActorWorker
 from rlweave.workers.replay import ReplayBufferWorker
 from rlweave.workers.rollout_worker import RolloutWorker
-from rlweave.workers.weights import resolve_buckets, unpack_into
+from rlweave.sync.weights import resolve_buckets, unpack_into
 
 
 class OffPolicyRunner(RunnerBase):

@@ -40,7 +40,7 @@ from rlweave.workers.actor_worker import ActorWorker
 from rlweave.workers.channels import ChannelSpec
 from rlweave.workers.env_worker import EnvWorker
 from rlweave.workers.rollout_worker import RolloutWorker
-from rlweave.workers.weights import resolve_buckets, unpack_into
+from rlweave.sync.weights import resolve_buckets, unpack_into
 
 
 def offline_planner(cfg: DictConfig, cluster: Cluster) -> Planner:

@@ -25,7 +25,7 @@ from rlweave.models import build_policy
 from rlweave.models.flat import FlatParameters
 from rlweave.utils.memory import device_memory_mb, peak_rss_mb
 from rlweave.workers.channels import ChannelSpec
-from rlweave.workers.weights import WeightPacket, pack_state, share_packet
+from rlweave.sync.weights import WeightPacket, pack_state, share_packet
 
 
 class ActorWorker(Worker):

@@ -13,7 +13,7 @@ from rlweave.envs import VectorEnv
 from rlweave.utils.memory import peak_rss_mb
 from rlweave.workers.channels import ChannelSpec
 from rlweave.data.replay import NStepWriter
-from rlweave.workers.weights import WeightPacket
+from rlweave.sync.weights import WeightPacket
 
 
 class EnvWorker(Worker):

@@ -1,7 +1,7 @@
 """Text generation for language-model rollouts, behind one interface.
 
 A generation backend holds a copy of the policy's weights (loaded from the actor's bucketed,
-versioned, checksummed :class:`~rlweave.workers.weights.WeightPacket`) and answers
+versioned, checksummed :class:`~rlweave.sync.weights.WeightPacket`) and answers
 ``generate(prompts, n, seed)`` with ``n`` sampled responses per prompt, each with the
 log-probabilities of its tokens *under the distribution it was sampled from* (the behaviour
 policy). The trainer recomputes those log-probs with its own forward pass; the difference between
@@ -21,7 +21,7 @@ import torch
 from rlweave.models import flat_params_checksum
 from rlweave.models.causal_lm import cache_argument, prefill_prompts
 from rlweave.models.fused_decoder import FusedDecoder, prompt_bias, rope_tables
-from rlweave.workers.weights import WeightPacket, resolve_buckets, unpack_into
+from rlweave.sync.weights import WeightPacket, resolve_buckets, unpack_into
 
 __all__ = ["Generation", "HFGenerator"]
 

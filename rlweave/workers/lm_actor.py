@@ -39,7 +39,7 @@ from rlweave.cluster import Worker
 from rlweave.models.causal_lm import (CausalLMPolicy, load_causal_lm, load_tokenizer, merged_state_dict, require_transformers,
                                       save_pretrained, select_rows, set_attention, train_attention)
 from rlweave.utils.memory import peak_rss_mb
-from rlweave.workers.weights import WeightPacket, pack_state, share_packet
+from rlweave.sync.weights import WeightPacket, pack_state, share_packet
 
 __all__ = ["LMActorWorker", "choose_strategy"]
 

@@ -15,7 +15,7 @@ import time
 from rlweave.cluster import Worker, local_worker
 from rlweave.envs.text_tasks import Prompt, RewardRunner, make_task, score_responses
 from rlweave.models.causal_lm import load_causal_lm, load_tokenizer
-from rlweave.workers.weights import WeightPacket
+from rlweave.sync.weights import WeightPacket
 
 __all__ = ["LMRolloutWorker", "make_generator"]
 

@@ -38,7 +38,7 @@ from rlweave.utils.memory import peak_rss_mb
 from rlweave.utils.precision import resolve_precision
 from rlweave.workers.update_helper import ActorPartProcess, run_part
 from rlweave.workers.update_helper import available as update_helper_available
-from rlweave.workers.weights import WeightPacket, pack_state, share_packet
+from rlweave.sync.weights import WeightPacket, pack_state, share_packet
 
 _BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount")
 

@@ -13,7 +13,7 @@ import torch
 from rlweave.cluster import Worker
 from rlweave.models import build_policy, flat_params_checksum
 from rlweave.utils.memory import device_memory_mb, peak_rss_mb
-from rlweave.workers.weights import WeightPacket, resolve_buckets, unpack_into
+from rlweave.sync.weights import WeightPacket, resolve_buckets, unpack_into
 
 
 class RolloutWorker(Worker):

@@ -30,7 +30,7 @@ import torch
 
 from rlweave.models import state_dict_checksum
 from rlweave.workers.generation import Generation
-from rlweave.workers.weights import WeightPacket, bucket_tensors, resolve_buckets
+from rlweave.sync.weights import WeightPacket, bucket_tensors, resolve_buckets
 
 __all__ = ["VLLMGenerator"]
 
