@@ -12,11 +12,13 @@ call instead of an inter-process hop.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import ray
 
 from rlweave.cluster.cluster import Cluster
+from rlweave.cluster.dispatch import Dispatch, collect_results, declared_methods, dispatch_of, plan_calls
 from rlweave.cluster.handle import Handle
 from rlweave.cluster.hosts import start_host
 from rlweave.cluster.peer import Peer
@@ -38,6 +40,9 @@ class WorkerGroup:
         init_dist: bool = False,
         name: str | None = None,
     ):
+        clashes = [m for m in declared_methods(cls) if hasattr(WorkerGroup, m)]
+        if clashes:
+            raise TypeError(f"{cls.__name__}: group methods {clashes} would be hidden by WorkerGroup's own attributes; rename them")
         self.cls = cls
         self.name = name or placement.name
         self.placement = placement
@@ -76,6 +81,24 @@ class WorkerGroup:
         return self.placement.num_workers
 
     # -- calls --------------------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        """``group.method(...)`` for every worker method declared with
+        :func:`~rlweave.cluster.dispatch.group_method`: split, run and gather as it declares."""
+        cls = self.__dict__.get("cls")
+        if name.startswith("_") or cls is None:
+            raise AttributeError(name)
+        spec = dispatch_of(cls, name)
+        if spec is None:
+            raise AttributeError(f"{cls.__name__}.{name} is not a group method (declare it with @group_method) "
+                                 f"or does not exist (group '{self.__dict__.get('name')}')")
+        return GroupMethod(self, name, spec)
+
+    def _submit(self, method: str, spec: Dispatch, args: tuple, kwargs: dict) -> Handle:
+        calls = plan_calls(spec, self, method, args, kwargs)
+        pending = [self._host_call(self.hosts[r], "run", self.name, method, a, kw) for r, a, kw in calls]
+        return Handle(self.name, method, [r for r, _, _ in calls], pending, self.host_groups,
+                      collect=functools.partial(collect_results, spec))
+
     def call(self, method: str, *args, ranks: Sequence[int] | None = None, **kwargs) -> Handle:
         """Runs ``method(*args, **kwargs)`` on every rank (or ``ranks``); returns a handle."""
         ranks = list(range(self.world_size)) if ranks is None else list(ranks)
@@ -200,3 +223,19 @@ class WorkerGroup:
         if self.local:
             return host.pool.submit(getattr(host, method), *args)
         return getattr(host, method).remote(*args)
+
+
+class GroupMethod:
+    """A declared worker method bound to its group: calling it runs it as declared (the gathered
+    result, or a :class:`Handle` for ``blocking=False``); ``.submit(...)`` always returns the
+    handle, for a call a driver overlaps with others."""
+
+    def __init__(self, group: WorkerGroup, name: str, spec: Dispatch):
+        self.group, self.name, self.spec = group, name, spec
+
+    def __call__(self, *args, **kwargs) -> Any:
+        handle = self.submit(*args, **kwargs)
+        return handle.wait() if self.spec.blocking else handle
+
+    def submit(self, *args, **kwargs) -> Handle:
+        return self.group._submit(self.name, self.spec, args, kwargs)

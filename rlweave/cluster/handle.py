@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import time
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import ray
 
@@ -20,13 +20,17 @@ def _last_line(text: str) -> str:
 
 
 class Handle:
-    """Result of a group call: ``wait()`` returns one result per called rank, in rank order."""
+    """Result of a group call: ``wait()`` returns one result per called rank, in rank order, or
+    what the method's declared ``collect`` makes of them (:mod:`rlweave.cluster.dispatch`)."""
 
-    def __init__(self, group: str, method: str, ranks: list[int], pending: list, host_groups: Sequence[str] = ()):
+    def __init__(self, group: str, method: str, ranks: list[int], pending: list, host_groups: Sequence[str] = (),
+                 collect: Callable[[list], Any] | None = None):
         self.group, self.method, self.ranks = group, method, ranks
         self.host_groups = host_groups  # every group living in these host processes (fused groups)
         self._pending = pending  # ObjectRefs (Ray) or Futures (local)
         self._results: list | None = None
+        self._collect = collect
+        self._collected: Any = None
         self.durations: list[float] = []
 
     def done(self) -> bool:
@@ -37,7 +41,7 @@ class Handle:
         ready, _ = ray.wait(self._pending, num_returns=len(self._pending), timeout=0)
         return len(ready) == len(self._pending)
 
-    def wait(self, timeout: float | None = None) -> list:
+    def wait(self, timeout: float | None = None) -> Any:
         if self._results is None:
             if self._pending and not isinstance(self._pending[0], cf.Future):
                 _poll_ready(list(self._pending), len(self._pending), timeout)
@@ -46,6 +50,13 @@ class Handle:
                 pairs.append(self._get_one(rank, p, timeout))
             self._results = [r for r, _ in pairs]
             self.durations = [d for _, d in pairs]
+            self._collected = self._collect(self._results) if self._collect is not None else self._results
+        return self._collected
+
+    @property
+    def results(self) -> list:
+        """Every called rank's own result, in rank order (before ``collect``)."""
+        self.wait()
         return self._results
 
     @property

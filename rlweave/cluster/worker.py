@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist  # imported at module top: see the pickling trap in docs/architecture.md
 
 from rlweave.cluster.placement import Slot
+from rlweave.cluster.dispatch import group_method
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class Worker:
     def name(self) -> str:
         return f"{self._ctx.group}[rank {self._ctx.rank}]"
 
+    @group_method("all")
     def use_deterministic_algorithms(self) -> None:
         """``run.deterministic``: torch picks deterministic kernels in this process (a warning,
         not an error, where an op has none)."""

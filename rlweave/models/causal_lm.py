@@ -329,6 +329,20 @@ def select_rows(batch: dict, rows) -> dict:
     return out
 
 
+# the row-aligned entries an actor rank's score / update reads (the rest of a batch stays with the driver)
+RESPONSE_ROW_KEYS = ("prompt_ids", "prompt_mask", "prompt_index", "response_ids", "resp_len", "rollout_logprobs",
+                     "advantages", "old_logprobs", "ref_logprobs", "old_values", "returns")
+
+
+def response_row_shards(batch: dict, parts: int) -> list[dict]:
+    """A response batch in ``parts`` contiguous shares of rows, each with only the prompts it
+    uses: how an LM actor group splits the rows it scores and trains on."""
+    from rlweave.cluster.dispatch import row_slices
+
+    rows = {k: batch[k] for k in RESPONSE_ROW_KEYS if k in batch}
+    return [select_rows(rows, s) for s in row_slices(len(batch["resp_len"]), parts)]
+
+
 def apply_lora(model: nn.Module, r: int = 8, alpha: int = 16, dropout: float = 0.0,
                target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj")):
     """Wraps ``model`` with LoRA adapters (``peft``); only the adapters train."""
