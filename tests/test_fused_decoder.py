@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from rlweave.envs.text_tasks import ArithmeticTask  # noqa: E402
 from rlweave.models.causal_lm import CausalLMPolicy, apply_lora, build_causal_lm, response_batch, train_tokenizer  # noqa: E402
 from rlweave.models.fused_decoder import FusedDecoder, QKNormRope, SiluGate, rope_tables, unsupported_reason  # noqa: E402
-from rlweave.workers.generation import HFGenerator  # noqa: E402
+from rlweave.generation.hf_generator import HFGenerator  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 from rlweave.envs.text_tasks import ArithmeticTask  # noqa: E402
 from rlweave.models import flat_params_checksum  # noqa: E402
 from rlweave.models.causal_lm import CausalLMPolicy, build_causal_lm, response_batch, train_tokenizer  # noqa: E402
-from rlweave.workers.generation import HFGenerator  # noqa: E402
+from rlweave.generation.hf_generator import HFGenerator  # noqa: E402
 from rlweave.sync.weights import pack_state  # noqa: E402
 
 TASK = ArithmeticTask()

@@ -28,8 +28,8 @@ from rlweave.models import state_dict_checksum  # noqa: E402
 from rlweave.models.causal_lm import CausalLMPolicy, build_causal_lm, response_batch, train_tokenizer  # noqa: E402
 from rlweave.runners.llm import LLMRunner  # noqa: E402
 from rlweave.utils.metrics import read_metrics  # noqa: E402
-from rlweave.workers.generation import HFGenerator  # noqa: E402
-from rlweave.workers.vllm_generation import VLLMGenerator  # noqa: E402
+from rlweave.generation.hf_generator import HFGenerator  # noqa: E402
+from rlweave.generation.vllm_generator import VLLMGenerator  # noqa: E402
 from rlweave.sync.weights import pack_state  # noqa: E402
 
 TASK = ArithmeticTask()

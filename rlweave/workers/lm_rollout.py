@@ -27,11 +27,11 @@ def make_generator(backend: str, model, tokenizer, rollout_cfg: dict, kernels: s
     if rollout_cfg.get("min_new_tokens"):
         kw["min_new_tokens"] = rollout_cfg["min_new_tokens"]
     if backend == "hf":
-        from rlweave.workers.generation import HFGenerator
+        from rlweave.generation.hf_generator import HFGenerator
 
         return HFGenerator(model, tokenizer, kernels=kernels, **kw)
     if backend == "vllm":
-        from rlweave.workers.vllm_generation import VLLMGenerator
+        from rlweave.generation.vllm_generator import VLLMGenerator
 
         return VLLMGenerator(model, tokenizer, **kw)
     raise ValueError(f"rollout.backend: unknown backend {backend!r}; known: hf, vllm")
@@ -71,7 +71,7 @@ class LMRolloutWorker(Worker):
         sync is a version change (:meth:`follow_actor`). Returns False, changing nothing, where that
         cannot hold: another backend, LoRA adapters (the engine holds merged weights) or a sharded
         actor."""
-        from rlweave.workers.generation import HFGenerator
+        from rlweave.generation.hf_generator import HFGenerator
 
         actor = local_worker(actor_group, self.rank)
         if not isinstance(self.generator, HFGenerator) or actor.lora or actor.strategy == "fsdp":

