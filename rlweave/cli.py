@@ -106,24 +106,18 @@ def _execute(runner) -> int:
 def cmd_eval(args) -> int:
     from omegaconf import OmegaConf
 
-    from rlweave.config import validate
+    from rlweave.models.run_policy import RunPolicyError, load_run_policy, read_run_config
+    from rlweave.runners.common import check_compatible
     from rlweave.runners.evaluate import evaluate_policy
-    from rlweave.runners.common import check_compatible, policy_kwargs
-    from rlweave.models import build_policy
-    from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint
 
-    run_dir = Path(args.run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        return _fail(f"{run_dir}: no config.yaml (not a run folder)")
-    cfg = validate(OmegaConf.load(run_dir / "config.yaml"))
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        return _fail(f"{run_dir}: no checkpoint to evaluate")
-    obs_space, act_space = check_compatible(cfg)
-    policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk, **policy_kwargs(cfg))
-    policy.load_state_dict(load_checkpoint(ckpt)["actor"]["policy"])
-    result = evaluate_policy(policy, OmegaConf.to_container(cfg.env), args.episodes, seed=args.seed, gamma=cfg.algorithm.gamma)
-    result = {"checkpoint": ckpt.name, "episodes": args.episodes, **result}
+    try:
+        obs_space, act_space = check_compatible(read_run_config(args.run_dir))
+        run = load_run_policy(args.run_dir, observation_space=obs_space, action_space=act_space)
+    except RunPolicyError as e:
+        return _fail(str(e))
+    cfg = run.cfg
+    result = evaluate_policy(run.policy, OmegaConf.to_container(cfg.env), args.episodes, seed=args.seed, gamma=cfg.algorithm.gamma)
+    result = {"checkpoint": run.checkpoint.name, "episodes": args.episodes, **result}
     print(json.dumps(result))
     return 0
 
@@ -135,21 +129,20 @@ def cmd_collect(args) -> int:
     import torch
     from omegaconf import OmegaConf
 
-    from rlweave.config import ConfigError, validate
-    from rlweave.envs import env_maker
-    from rlweave.models import build_policy
-    from rlweave.runners.common import check_compatible, policy_kwargs
-    from rlweave.utils.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+    from rlweave.config import ConfigError
     from rlweave.data.datasets import DatasetError, collect_dataset
+    from rlweave.envs import env_maker
+    from rlweave.models.run_policy import RunPolicyError, load_run_policy, read_run_config
+    from rlweave.runners.common import check_compatible
 
     run_dir = Path(args.run_dir)
     if args.episodes < 1:
         return _fail(f"--episodes: must be >= 1, got {args.episodes}")
-    if not (run_dir / "config.yaml").is_file():
-        return _fail(f"{run_dir}: no config.yaml (not a run folder)")
     try:
-        cfg = validate(OmegaConf.load(run_dir / "config.yaml"))
+        cfg = read_run_config(run_dir)
         obs_space, act_space = check_compatible(cfg)
+    except RunPolicyError as e:
+        return _fail(str(e))
     except ConfigError as e:
         return _fail(f"{run_dir / 'config.yaml'}: {e}")
     if cfg.env.chunk != 1:
@@ -157,14 +150,11 @@ def cmd_collect(args) -> int:
     act_fn = None
     source = "uniform random actions"
     if args.policy != "random":
-        ckpts = {p.name: p for p in list_checkpoints(run_dir)}
-        ckpt = ckpts.get(args.checkpoint) if args.checkpoint else latest_checkpoint(run_dir)
-        if ckpt is None:
-            known = ", ".join(ckpts) or "none"
-            return _fail(f"--checkpoint: {args.checkpoint or 'latest'} not found under {run_dir}/checkpoints (have: {known})")
-        policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=1, **policy_kwargs(cfg))
-        policy.load_state_dict(load_checkpoint(ckpt)["actor"]["policy"])
-        policy.eval()
+        try:
+            run = load_run_policy(run_dir, args.checkpoint, observation_space=obs_space, action_space=act_space, chunk=1)
+        except RunPolicyError as e:
+            return _fail(f"--checkpoint: {e}")
+        policy, ckpt = run.policy, run.checkpoint
         deterministic = args.policy == "deterministic"
         noise_rng = torch.Generator().manual_seed(int(args.seed))  # --seed fixes the sampled actions too
 

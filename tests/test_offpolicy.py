@@ -438,7 +438,7 @@ def test_the_learner_falls_back_to_a_helper_thread_where_a_helper_process_cannot
     import rlweave.workers.offpolicy_actor as oa
     from rlweave.cluster.worker import _IN_PROCESS, WorkerContext, _bind
     from rlweave.config import load_config
-    from rlweave.runners.common import policy_kwargs
+    from rlweave.models.run_policy import policy_kwargs
 
     monkeypatch.setattr(oa, "update_helper_available", lambda: memfd)
     cfg = load_config("sac-pendulum", ["policy.hidden=[8]", "critic.hidden=[8]"])
@@ -843,7 +843,7 @@ def test_scripted_pendulum_expert_catches_and_pumps():
 
 
 def test_experts_and_gates():
-    from rlweave.workers.experts import ActionGapGate, ExpertError, load_expert
+    from rlweave.data.experts import ActionGapGate, ExpertError, load_expert
 
     obs_space = gym.spaces.Box(-8.0, 8.0, (3,), np.float32)
     act_space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)

@@ -19,6 +19,7 @@ from rlweave.cluster import Cluster, PlacementError, WorkerError, make_plan
 from rlweave.config import ConfigError
 from rlweave.envs import space_info
 from rlweave.models import build_policy
+from rlweave.models.run_policy import policy_kwargs
 from rlweave.runners.layouts import LayoutTrials
 from rlweave.utils.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace, read_metrics, truncate_metrics, write_text_atomic
@@ -82,7 +83,7 @@ def check_compatible(cfg: DictConfig):
             "make one with 'rlweave collect RUN_DIR --episodes N -o FOLDER' and pass its folder"
         )
     if spec.kind == "imitation":
-        from rlweave.workers.experts import ExpertError, load_expert
+        from rlweave.data.experts import ExpertError, load_expert
 
         if not cfg.imitation.expert:
             raise ConfigError(f"imitation.expert: {spec.name} needs an expert: a run folder or module:function")
@@ -120,23 +121,6 @@ def plan_placement(cfg: DictConfig, cluster: Cluster):
     if n_env % n_roll:
         raise PlacementError(f"placement.groups.rollout: {n_roll} rollout workers must divide {n_env} env workers")
     return plan
-
-
-def policy_kwargs(cfg: DictConfig) -> dict:
-    p = OmegaConf.to_container(cfg.policy)
-    name = p.pop("name")
-    spec = get_algorithm(cfg.algorithm.name)
-    kwargs: dict = {"name": name, "critic": spec.uses_critic and spec.kind == "on_policy"}
-    if name == "squashed_mlp":
-        kwargs.update(hidden=tuple(p["hidden"]), activation=p["activation"], state_dependent_std=p["state_dependent_std"])
-    elif name == "mlp":
-        kwargs.update(hidden=tuple(p["hidden"]), activation=p["activation"], normalize_obs=p["normalize_obs"],
-                      log_std_init=p["log_std_init"], ortho_init=p["ortho_init"])
-    else:
-        kwargs.update(log_std_init=p["log_std_init"])
-    return kwargs
-
-
 
 
 def check_update_threads(cfg: DictConfig, spec: AlgorithmSpec) -> None:

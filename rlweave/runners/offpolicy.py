@@ -44,7 +44,8 @@ from omegaconf import DictConfig, OmegaConf
 from rlweave.channel import Channel
 from rlweave.cluster import Cluster, GroupPlacement, PlacementError, WorkerGroup, make_plan, wait_all
 from rlweave.models import build_policy
-from rlweave.runners.common import RunnerBase, plan_placement, policy_kwargs
+from rlweave.models.run_policy import policy_kwargs
+from rlweave.runners.common import RunnerBase, plan_placement
 from rlweave.runners.layouts import LayoutTrials
 from rlweave.runners.evaluate import evaluate_policy
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace

@@ -33,7 +33,8 @@ from rlweave.config import ConfigError
 from rlweave.flow import FlowPlan, Measurement, Planner, Prediction, plan_from_groups
 from rlweave.flow.profile import measure_stage_costs
 from rlweave.models import build_policy
-from rlweave.runners.common import RunnerBase, check_compatible, policy_kwargs
+from rlweave.models.run_policy import policy_kwargs
+from rlweave.runners.common import RunnerBase, check_compatible
 from rlweave.runners.evaluate import evaluate_policy
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace, write_text_atomic
 from rlweave.workers.actor_worker import ActorWorker

@@ -171,7 +171,7 @@ class EnvWorker(Worker):
 
     def configure_expert(self, expert: str, gate: str = "none", threshold: float = 0.5, operator: str | None = None) -> None:
         """Imitation: the expert that labels this worker's states, and the intervention gate."""
-        from rlweave.workers.experts import load_expert, load_gate
+        from rlweave.data.experts import load_expert, load_gate
 
         self.expert = load_expert(expert, self.env.single_observation_space, self.env.single_action_space)
         self.gate = load_gate(gate, threshold, operator)

@@ -41,26 +41,14 @@ def _import(target: str):
 def load_expert(spec: str, observation_space, action_space) -> Callable[[np.ndarray], np.ndarray]:
     """The expert named by ``spec``: a run folder (its latest checkpoint's policy, deterministic)
     or ``module:function``. Checks that it returns actions of the env's shape."""
-    from omegaconf import OmegaConf
-
-    from rlweave.config import validate
-    from rlweave.models import build_policy
-    from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint
-
     path = Path(spec)
     if (path / "config.yaml").is_file():
-        from rlweave.runners.common import policy_kwargs
+        from rlweave.models.run_policy import RunPolicyError, load_run_policy
 
-        cfg = validate(OmegaConf.load(path / "config.yaml"))
-        ckpt = latest_checkpoint(path)
-        if ckpt is None:
-            raise ExpertError(f"expert run {path} has no checkpoint")
-        policy = build_policy(observation_space=observation_space, action_space=action_space, chunk=1, **policy_kwargs(cfg))
         try:
-            policy.load_state_dict(load_checkpoint(ckpt)["actor"]["policy"])
-        except RuntimeError as e:
-            raise ExpertError(f"expert run {path}: its policy does not fit this env ({str(e).splitlines()[0]})") from None
-        policy.eval()
+            policy = load_run_policy(path, observation_space=observation_space, action_space=action_space, chunk=1).policy
+        except RunPolicyError as e:
+            raise ExpertError(f"expert run {e}") from None
 
         def expert(obs: np.ndarray) -> np.ndarray:
             with torch.inference_mode():
