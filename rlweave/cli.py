@@ -202,14 +202,19 @@ def cmd_timeline(args) -> int:
 
 def cmd_plan(args) -> int:
     """Ranks the execution plans of a recipe by predicted iteration time, without training."""
+    import torch
+
     from rlweave.cluster import Cluster, PlacementError
     from rlweave.config import ConfigError, load_config
-    from rlweave.runners.onpolicy import offline_planner
+    from rlweave.flow.profile import offline_planner
+    from rlweave.runners.common import check_compatible_policy
 
     try:
         cfg = load_config(args.recipe, args.overrides)
         cluster = Cluster.planned(cfg.cluster.num_cpus, cfg.cluster.num_gpus)
-        planner = offline_planner(cfg, cluster)
+        torch.manual_seed(cfg.seed)  # the recipe's initial weights
+        _, _, policy = check_compatible_policy(cfg)
+        planner = offline_planner(cfg, cluster, policy)
     except (ConfigError, PlacementError, FileNotFoundError) as e:
         return _fail(str(e))
     c = planner.costs

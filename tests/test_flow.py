@@ -234,13 +234,22 @@ def test_a_plan_that_cannot_run_leaves_the_previous_plan(ray_session, tmp_path):
     assert all(r["samples/produced"] == r["samples/trained"] == 128 for r in rows)
 
 
-def test_plan_command_ranks_candidates_without_training(tmp_path, capsys):
+def test_plan_command_ranks_candidates_without_training(tmp_path, capsys, monkeypatch):
+    import rlweave.models
     from rlweave.cli import main
 
+    built = []
+
+    def counted(*args, **kwargs):
+        built.append(kwargs["name"])
+        return rlweave.models.build_policy(*args, **kwargs)
+
+    monkeypatch.setattr("rlweave.runners.common.build_policy", counted)
     out_json = tmp_path / "plan.json"
     rc = main(["plan", "ppo-cartpole", "env.num_envs=8", "cluster.num_cpus=2", "--json", str(out_json)])
     out = capsys.readouterr().out
     assert rc == 0, out
+    assert built == ["mlp"]  # the config check's policy is the one measured: built once
     assert "8 envs, 32 decisions per iteration" in out
     ranked = json.loads(out_json.read_text())["ranked"]
     assert len(ranked) == len(candidate_plans([S0, S1], 8))

@@ -10,6 +10,7 @@ From then on every iteration adds its measurements to the fit, so the costs keep
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from rlweave.flow.plan import FlowPlan, candidate_plans
@@ -191,3 +192,13 @@ def _median(values: list[float]) -> float | None:
 
 def _blend(old: float | None, new: float, n: int) -> float:
     return new if old is None or n <= 1 else 0.5 * (old + new)
+
+
+def physical_cores(cluster) -> int:
+    """Cores the slots of ``cluster`` (a :class:`~rlweave.cluster.Cluster`) really share: the CPU
+    slots, capped by the cores of this machine when Ray is embedded (a user may declare more
+    logical CPUs than there are cores). The planner's ``cores``."""
+    cores = sum(n.num_cpus for n in cluster.nodes) or 1
+    if cluster.started_here or cluster.local:
+        cores = min(cores, os.cpu_count() or cores)
+    return int(cores)

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import torch
 
+from rlweave.flow.planner import Planner, physical_cores
 from rlweave.flow.simulate import StageCosts
 
 
@@ -56,6 +57,26 @@ def measure_stage_costs(env_cfg: dict, policy, total_envs: int, repeats: int = 1
     if ray_round_trip:
         costs.remote_overhead = _ray_round_trip(np.array(obs))
     return costs
+
+
+def offline_planner(cfg, cluster, policy) -> Planner:
+    """A planner for the recipe ``cfg`` on ``cluster``'s slots with stage costs measured offline
+    (no training): what ``rlweave plan`` ranks. ``policy`` is the recipe's policy, as the caller
+    built it (``rlweave plan``: the one its config check built; it is not built again here)."""
+    from omegaconf import OmegaConf
+
+    total = cfg.env.num_workers * cfg.env.num_envs
+    policy.eval()
+    planner = Planner(
+        slots=cluster.slots(),
+        total_envs=total, steps=cfg.train.rollout_steps, cores=physical_cores(cluster),
+        max_micro_batches=cfg.planner.max_micro_batches, env_multiple=cfg.actor.num_workers, margin=cfg.planner.margin,
+        gpu_slots=cluster.slot_kind == "gpu",
+    )
+    measured = measure_stage_costs(OmegaConf.to_container(cfg.env), policy, total)
+    planner.costs.env, planner.costs.infer = measured.env, measured.infer
+    planner.costs.remote_overhead = measured.remote_overhead
+    return planner
 
 
 def _ray_round_trip(payload: np.ndarray, repeats: int = 50) -> float:

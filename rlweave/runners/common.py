@@ -42,6 +42,13 @@ def algorithm_for_runner(cfg: DictConfig):
 def check_compatible(cfg: DictConfig):
     """Checks what the schema cannot (cross-field rules, env and policy fit) before any worker
     starts. Returns the env's (observation_space, action_space)."""
+    obs_space, act_space, _ = check_compatible_policy(cfg)
+    return obs_space, act_space
+
+
+def check_compatible_policy(cfg: DictConfig):
+    """:func:`check_compatible`, also returning the policy it builds to check the fit (initialised
+    from torch's current random state): ``(observation_space, action_space, policy)``."""
     spec = algorithm_for_runner(cfg)
     if spec.kind in ("off_policy", "imitation", "offline"):
         _check_off_policy(cfg)
@@ -74,7 +81,7 @@ def check_compatible(cfg: DictConfig):
     except Exception as e:  # noqa: BLE001 - any failure to build the env is a config problem here
         raise ConfigError(f"env.id: cannot make '{cfg.env.id}': {str(e).splitlines()[0]}") from None
     try:
-        build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk, **policy_kwargs(cfg))
+        policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk, **policy_kwargs(cfg))
     except (ValueError, TypeError) as e:
         raise ConfigError(f"policy.name: {str(e).splitlines()[0]}") from None
     if spec.needs_dataset and not cfg.replay.offline_dataset:
@@ -98,7 +105,7 @@ def check_compatible(cfg: DictConfig):
             check_spaces(cfg.replay.offline_dataset, obs_space, act_space)
         except (DatasetError, ImportError) as e:
             raise ConfigError(f"replay.offline_dataset: {e}") from None
-    return obs_space, act_space
+    return obs_space, act_space, policy
 
 
 def plan_placement(cfg: DictConfig, cluster: Cluster):

@@ -18,23 +18,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 import uuid
 from pathlib import Path
 
 import numpy as np
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlweave.channel import Channel
-from rlweave.cluster import Cluster, GroupPlacement, PlacementError, WorkerGroup, wait_all
+from rlweave.cluster import GroupPlacement, PlacementError, WorkerGroup, wait_all
 from rlweave.config import ConfigError
-from rlweave.flow import FlowPlan, Measurement, Planner, Prediction, plan_from_groups
-from rlweave.flow.profile import measure_stage_costs
+from rlweave.flow import FlowPlan, Measurement, Planner, Prediction, physical_cores, plan_from_groups
 from rlweave.models import build_policy
 from rlweave.models.run_policy import policy_kwargs
-from rlweave.runners.common import RunnerBase, check_compatible
+from rlweave.runners.common import RunnerBase
 from rlweave.runners.evaluate import evaluate_policy
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace, write_text_atomic
 from rlweave.workers.actor_worker import ActorWorker
@@ -42,27 +39,6 @@ from rlweave.workers.channels import ChannelSpec
 from rlweave.workers.env_worker import EnvWorker
 from rlweave.workers.rollout_worker import RolloutWorker
 from rlweave.sync.weights import resolve_buckets, unpack_into
-
-
-def offline_planner(cfg: DictConfig, cluster: Cluster) -> Planner:
-    """A planner for ``cfg`` on ``cluster``'s slots with stage costs measured offline (no training):
-    what ``rlweave plan`` ranks."""
-    env_cfg = OmegaConf.to_container(cfg.env)
-    total = cfg.env.num_workers * cfg.env.num_envs
-    obs_space, act_space = check_compatible(cfg)
-    torch.manual_seed(cfg.seed)
-    policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk, **policy_kwargs(cfg))
-    policy.eval()
-    planner = Planner(
-        slots=cluster.slots(),
-        total_envs=total, steps=cfg.train.rollout_steps, cores=_physical_cores(cluster),
-        max_micro_batches=cfg.planner.max_micro_batches, env_multiple=cfg.actor.num_workers, margin=cfg.planner.margin,
-        gpu_slots=cluster.slot_kind == "gpu",
-    )
-    measured = measure_stage_costs(env_cfg, policy, total)
-    planner.costs.env, planner.costs.infer = measured.env, measured.infer
-    planner.costs.remote_overhead = measured.remote_overhead
-    return planner
 
 
 class OnPolicyRunner(RunnerBase):
@@ -117,7 +93,7 @@ class OnPolicyRunner(RunnerBase):
         if cfg.placement.mode == "auto":
             self.planner = Planner(
                 slots=self.cluster.slots(),
-                total_envs=self.total_envs, steps=cfg.train.rollout_steps, cores=_physical_cores(self.cluster),
+                total_envs=self.total_envs, steps=cfg.train.rollout_steps, cores=physical_cores(self.cluster),
                 max_micro_batches=cfg.planner.max_micro_batches, env_multiple=n_act, margin=cfg.planner.margin,
                 gpu_slots=self.cluster.slot_kind == "gpu",
             )
@@ -426,13 +402,4 @@ class OnPolicyRunner(RunnerBase):
     def _on_shutdown(self) -> None:
         if self.plan_log:
             write_text_atomic(self.run_dir / "plans.json", json.dumps(self.plan_log, indent=1))
-
-
-def _physical_cores(cluster: Cluster) -> int:
-    """Cores the slots really share: the CPU slots, capped by the cores of this machine when Ray is
-    embedded (a user may declare more logical CPUs than there are cores)."""
-    cores = sum(n.num_cpus for n in cluster.nodes) or 1
-    if cluster.started_here or cluster.local:
-        cores = min(cores, os.cpu_count() or cores)
-    return int(cores)
 
