@@ -18,6 +18,10 @@ from rlweave.cluster.placement import GroupPlacement, Slot, derive_mode
 
 @dataclass(frozen=True)
 class FlowPlan:
+    """One physical layout of the env -> rollout stream: the env workers' slots, the rollout
+    workers' slots and the pipeline depth (micro-batches per env worker). The logical workflow is
+    fixed; a plan only says where its stages run and how they overlap, which is what the planner
+    compares and switches between."""
     env_slots: tuple[Slot, ...]
     rollout_slots: tuple[Slot, ...]
     micro_batches: int = 1

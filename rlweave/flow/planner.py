@@ -35,6 +35,8 @@ class Measurement:
 
 @dataclass
 class Prediction:
+    """What the simulation predicts for one plan: collection seconds and the whole iteration's
+    (collection plus the training, sync and driver time every plan shares)."""
     plan: FlowPlan
     collect: float
     iteration: float
@@ -45,6 +47,9 @@ class Prediction:
 
 @dataclass
 class Planner:
+    """Chooses the execution plan from measurements: fits the stage costs from what the run (or an
+    offline profile) measured, predicts every candidate plan by simulation, ranks them, and says when
+    measurements drift from the prediction, so the layout follows the workload instead of flags."""
     slots: list[Slot]
     total_envs: int
     steps: int  # decisions per env per iteration

@@ -95,5 +95,8 @@ def _ray_round_trip(payload: np.ndarray, repeats: int = 50) -> float:
 
 
 class _Echo:
+    """A Ray actor that returns what it is sent: the cross-process request whose round trip is
+    measured."""
+
     def echo(self, x):
         return x

@@ -56,6 +56,8 @@ class LinearCost:
 
 @dataclass
 class StageCosts:
+    """The fitted costs the simulation runs on: env stepping and inference as functions of rows,
+    the price of a request across processes, and the cores the processes share."""
     env: LinearCost = field(default_factory=LinearCost)  # one env worker stepping `rows` envs once
     infer: LinearCost = field(default_factory=LinearCost)  # one request of `rows` observations
     remote_overhead: float | None = None  # seconds per cross-process request (None: not measured)

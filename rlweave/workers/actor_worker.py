@@ -29,6 +29,10 @@ from rlweave.sync.weights import WeightPacket, pack_state, share_packet
 
 
 class ActorWorker(Worker):
+    """The on-policy trainer (PPO, GRPO and any on-policy registry entry): one rank of the policy's
+    data-parallel training. Takes the trajectories its env workers send over the trajectory
+    channel, computes advantages and runs the algorithm's minibatch epochs, then exports the weights
+    the rollout workers act with next, so every algorithm shares one trainer."""
     def __init__(
         self,
         algo_cfg: dict,

@@ -17,6 +17,10 @@ from rlweave.sync.weights import WeightPacket
 
 
 class EnvWorker(Worker):
+    """Steps a batch of environments (its share of the run's envs) and asks its rollout worker for
+    each decision's actions; on-policy it sends finished trajectories to its actor rank, off-policy
+    and in imitation it writes n-step transitions (labelled by an expert in imitation). Env stepping
+    lives apart from inference so the two can be placed, fused or pipelined as the plan says."""
     def __init__(
         self,
         env_cfg: dict,

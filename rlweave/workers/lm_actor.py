@@ -71,6 +71,10 @@ class _TrainForward(torch.nn.Module):
 
 
 class LMActorWorker(Worker):
+    """One rank of a causal language model's training: scores responses (its own, the reference
+    model's and the critic's log-probs or values) and trains on them (RL losses or SFT), replicated
+    (DDP) or sharded (FSDP2) across ranks. Kept apart from generation so the trainer and the
+    engine can be placed and sized on their own."""
     def __init__(self, model_spec: dict, tokenizer_path: str, algo_cfg: dict, seed: int, temperature: float = 1.0,
                  actor_cfg: dict | None = None):
         """``actor_cfg``: the run's ``actor`` section (``strategy``, ``ddp_max_gb``, ``attention``)

@@ -38,6 +38,9 @@ def make_generator(backend: str, model, tokenizer, rollout_cfg: dict, kernels: s
 
 
 class LMRolloutWorker(Worker):
+    """Generates responses to prompts with a generation engine (Hugging Face or vLLM) holding a copy
+    of the policy's weights, and scores them with the task's verifier or the user's reward function:
+    for language models the task is the environment, so one worker holds both."""
     def __init__(self, model_spec: dict, tokenizer_path: str, rollout_cfg: dict, task_cfg: dict):
         self.tokenizer = load_tokenizer(tokenizer_path)
         # the plain architecture: LoRA adapters arrive merged into the weights

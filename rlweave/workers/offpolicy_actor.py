@@ -64,6 +64,10 @@ class _ActorPartThread:
 
 
 class OffPolicyActorWorker(Worker):
+    """The learner of every replay-based algorithm (off-policy, imitation, offline): holds the
+    actor, critics, target and temperature, samples its replay shard and runs the registered loss,
+    and exports the weights the rollout workers act with. One class for all of them, because the
+    algorithms differ in their registry entry and config, not in the learner."""
     def __init__(
         self,
         algo_cfg: dict,

@@ -17,6 +17,10 @@ from rlweave.sync.weights import WeightPacket, resolve_buckets, unpack_into
 
 
 class RolloutWorker(Worker):
+    """A policy replica that answers env workers' action requests (one micro-batch of observations
+    at a time, seeded noise per request, so the actions do not depend on the plan). Kept apart from
+    the trainer so inference can sit beside the envs while training runs elsewhere; its weights
+    come from the actor as verified packets."""
     def __init__(
         self,
         policy_cfg: dict,
