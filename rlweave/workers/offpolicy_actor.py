@@ -49,7 +49,7 @@ class _ActorPartThread:
 
     def __init__(self, run):
         self.run = run  # batch -> detached terms, after the part's backward pass
-        # denormals are flushed per thread (see cluster.worker)
+        # denormals are flushed per thread (see cluster.hosts)
         self.pool = cf.ThreadPoolExecutor(1, thread_name_prefix="learner-actor-part", initializer=torch.set_flush_denormal, initargs=(True,))
         self.future: cf.Future | None = None
 

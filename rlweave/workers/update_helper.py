@@ -172,7 +172,7 @@ def _serve(conn: Connection) -> None:
     from rlweave.algorithms import LearnerNets
 
     torch.set_num_threads(1)  # one core, as the learner's own part
-    torch.set_flush_denormal(True)  # as in every worker thread (cluster.worker)
+    torch.set_flush_denormal(True)  # as in every worker thread (cluster.hosts)
     try:
         payload = pickle.loads(conn.recv_bytes())
         flats: list[FlatParameters] = payload["flats"]
