@@ -9,6 +9,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from rlweave.algorithms.advantages import gae_estimator, grpo_estimator
+from rlweave.algorithms.llm import ppo_token_loss
+
 from rlweave.algorithms import (
     ADVANTAGE_ESTIMATORS,
     ALGORITHMS,
@@ -25,6 +28,7 @@ from rlweave.algorithms import (
     normalize,
     ppo_loss,
     ppo_policy_loss,
+    ppo_objective,
     register_advantage_estimator,
     register_algorithm,
     total_loss,
@@ -280,9 +284,11 @@ def test_registry_builtin_algorithms():
         "on_policy", "gae", "ppo", True, False)
     assert (grpo.kind, grpo.advantage, grpo.loss, grpo.uses_critic, grpo.episodic_groups) == (
         "on_policy", "grpo", "ppo", False, True)
-    assert get_advantage_estimator("gae") is gae
-    assert get_advantage_estimator("grpo") is group_normalized_advantages
-    assert get_policy_loss("ppo") is ppo_loss
+    # one implementation per kind: embodied steps (on_policy) and language-model tokens
+    assert get_advantage_estimator("gae", "on_policy") is gae_estimator
+    assert get_advantage_estimator("grpo", "on_policy") is grpo_estimator
+    assert get_policy_loss("ppo", "on_policy") is ppo_objective
+    assert get_policy_loss("ppo", "token") is ppo_token_loss
     with pytest.raises(dataclasses.FrozenInstanceError):
         ppo.name = "x"  # type: ignore[misc]
 
@@ -319,4 +325,4 @@ def test_register_algorithm_duplicate_and_validation():
     assert "test_bad" not in ALGORITHMS
     with pytest.raises(ValueError, match="already registered"):
         register_advantage_estimator("gae", gae)
-    assert ADVANTAGE_ESTIMATORS["gae"] is gae and POLICY_LOSSES["ppo"] is ppo_loss
+    assert ADVANTAGE_ESTIMATORS.get("gae", "on_policy") is gae_estimator and POLICY_LOSSES.get("ppo", "on_policy") is ppo_objective

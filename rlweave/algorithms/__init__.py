@@ -1,8 +1,8 @@
 """Algorithms layer: advantage estimators, losses, and the algorithm registry.
 
-Pure functions on tensors (see ``advantages`` and ``losses``) plus one registry
-(``registry``) that maps config names to them. Runners use this layer; it imports nothing
-above it.
+Pure functions on tensors (see ``advantages`` and ``losses``), the call signatures a registered
+piece of each kind follows (``contracts``), plus one registry (``registry``) that maps config
+names to them. Runners and workers use this layer; it imports nothing above it.
 """
 
 from rlweave.algorithms.advantages import (
@@ -15,6 +15,7 @@ from rlweave.algorithms.losses import (
     entropy_bonus,
     masked_mean,
     ppo_loss,
+    ppo_objective,
     ppo_policy_loss,
     total_loss,
     value_loss,
@@ -23,6 +24,14 @@ from rlweave.algorithms.imitation import bc_loss
 from rlweave.algorithms.offpolicy import (
     ActorCriticLoss, LearnerNets, LossOptions, crossq_loss, has_concurrent_parts, iql_loss, rlpd_loss, sac_loss, soft_update,
 )
+from rlweave.algorithms.contracts import (
+    Advantages,
+    OnPolicyAdvantageInput,
+    OnPolicyLossInput,
+    SFTLossInput,
+    TokenAdvantageInput,
+    TokenLossInput,
+)
 from rlweave.algorithms.registry import (
     ADVANTAGE_ESTIMATORS,
     ALGORITHM_KINDS,
@@ -30,9 +39,15 @@ from rlweave.algorithms.registry import (
     POLICY_LOSSES,
     AlgorithmSpec,
     UnknownNameError,
+    WrongKindError,
+    algorithm_estimator,
+    algorithm_loss,
+    estimator_kind,
     get_advantage_estimator,
     get_algorithm,
     get_policy_loss,
+    load_algorithm,
+    loss_kind,
     register_advantage_estimator,
     register_algorithm,
     register_policy_loss,
@@ -48,6 +63,7 @@ __all__ = [
     "value_loss",
     "entropy_bonus",
     "ppo_loss",
+    "ppo_objective",
     "total_loss",
     "sac_loss",
     "crossq_loss",
@@ -65,6 +81,18 @@ __all__ = [
     "POLICY_LOSSES",
     "AlgorithmSpec",
     "UnknownNameError",
+    "WrongKindError",
+    "Advantages",
+    "OnPolicyAdvantageInput",
+    "OnPolicyLossInput",
+    "SFTLossInput",
+    "TokenAdvantageInput",
+    "TokenLossInput",
+    "algorithm_estimator",
+    "algorithm_loss",
+    "estimator_kind",
+    "load_algorithm",
+    "loss_kind",
     "get_advantage_estimator",
     "get_algorithm",
     "get_policy_loss",

@@ -15,7 +15,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["gae", "discounted_returns", "group_normalized_advantages", "normalize"]
+from rlweave.algorithms.contracts import Advantages, OnPolicyAdvantageInput
+
+__all__ = ["gae", "discounted_returns", "group_normalized_advantages", "normalize", "gae_estimator", "grpo_estimator"]
 
 
 def _check_time_major(name: str, x: Tensor, like: Tensor) -> None:
@@ -169,3 +171,25 @@ def normalize(x: Tensor, eps: float = 1e-8, mask: Tensor | None = None) -> Tenso
     centred = torch.where(valid, x - mean, 0.0)
     var = (centred * centred).sum() / (count - 1.0).clamp_min(1.0)
     return centred / (var.sqrt() + eps)
+
+
+# ----------------------------------------------------------------------------- registry entries (kind on_policy)
+def gae_estimator(inp: OnPolicyAdvantageInput) -> Advantages:
+    """``gae`` on an actor rank's trajectories: :func:`gae` with ``algorithm.gamma`` and
+    ``algorithm.gae_lambda``; the trainer whitens each minibatch (``algorithm.norm_adv``)."""
+    if inp.next_value is None:
+        raise ValueError("advantage estimator 'gae' needs a critic (the algorithm's uses_critic)")
+    adv, returns = gae(inp.rewards, inp.values, inp.dones, inp.next_value, inp.cfg["gamma"], inp.cfg["gae_lambda"])
+    return Advantages(adv, returns)
+
+
+def grpo_estimator(inp: OnPolicyAdvantageInput) -> Advantages:
+    """``grpo`` on episodic trajectories: each env's episode return against its reset-seed group,
+    the same advantage on every step of the episode; padding steps are left out of training."""
+    if inp.mask is None or inp.episode_return is None or inp.group_id is None:
+        raise ValueError("advantage estimator 'grpo' needs episodic trajectories (the algorithm's episodic_groups)")
+    scores = inp.episode_return
+    ep_adv = group_normalized_advantages(scores, inp.group_id)
+    adv = ep_adv.expand(*inp.mask.shape) * inp.mask
+    info = {"train/group_return_std": float(scores.std()) if len(scores) > 1 else 0.0}
+    return Advantages(adv, None, mask=inp.mask, whiten=False, info=info)

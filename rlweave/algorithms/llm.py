@@ -30,6 +30,8 @@ import torch
 from torch import Tensor
 
 from rlweave.algorithms.advantages import gae, group_normalized_advantages, normalize
+from rlweave.algorithms.contracts import (ADVANTAGE_ESTIMATORS, Advantages, SFTLossInput, TokenAdvantageInput,
+                                          TokenLossInput)
 from rlweave.algorithms.losses import ppo_loss
 
 __all__ = [
@@ -47,6 +49,12 @@ __all__ = [
     "llm_policy_loss",
     "sft_loss",
     "token_advantages",
+    "grpo_token_estimator",
+    "gae_token_estimator",
+    "reinforce_pp_token_estimator",
+    "reinforce_pp_baseline_token_estimator",
+    "ppo_token_loss",
+    "sft_objective",
 ]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -207,18 +215,57 @@ def token_advantages(estimator: str, scores: Tensor, mask: Tensor, group_ids: Te
                      kl: Tensor | None = None, kl_coef: float = 0.0, gamma: float = 1.0, lam: float = 0.95,
                      norm: bool = True) -> tuple[Tensor, Tensor | None]:
     """Per-token advantages [B, L] (and returns, for a critic) of a language-model batch by the
-    registry's estimator name: ``grpo`` (the response's score against its group's), ``gae``
-    (token-level GAE on a value head), ``reinforce_pp`` / ``reinforce_pp_baseline`` (discounted
-    reward-to-go, whitened over the global batch). ``kl``/``kl_coef``: a per-token KL penalty in
-    the reward (``algorithm.kl_mode=reward``); GRPO takes KL as a loss instead."""
-    if estimator == "grpo":
-        return sequence_to_tokens(group_normalized_advantages(scores.float(), group_ids, scale=norm), mask), None
-    if estimator == "gae":
-        if values is None:
-            raise ValueError("token-level GAE needs the critic's values")
-        adv, ret = token_gae(scores, values, mask, gamma, lam, kl, kl_coef)
-        return (normalize(adv, mask=mask) * mask if norm else adv), ret
-    if estimator in ("reinforce_pp", "reinforce_pp_baseline"):
-        return reinforce_pp_advantages(scores, mask, kl, kl_coef, gamma, baseline=estimator.endswith("baseline"),
-                                       group_ids=group_ids) * mask, None
-    raise ValueError(f"algorithm: no token-level advantage estimator {estimator!r}")
+    registry's ``token`` estimator of that name (built in: ``grpo``, ``gae``, ``reinforce_pp``,
+    ``reinforce_pp_baseline``). ``kl``/``kl_coef``: a per-token KL penalty in the reward
+    (``algorithm.kl_mode=reward``); GRPO takes KL as a loss instead."""
+    out = ADVANTAGE_ESTIMATORS.get(estimator, "token")(TokenAdvantageInput(
+        scores, mask, group_ids, values=values, kl=kl, kl_coef=kl_coef, gamma=gamma, lam=lam, norm=norm))
+    return out.advantages, out.returns
+
+
+# ----------------------------------------------------------------------------- registry entries (kinds token, sft)
+def grpo_token_estimator(inp: TokenAdvantageInput) -> Advantages:
+    """``grpo``: the response's score against its prompt group's (``norm=False``: Dr. GRPO's
+    mean-only baseline), on every token of the response."""
+    adv = group_normalized_advantages(inp.scores.float(), inp.group_ids, scale=inp.norm)
+    return Advantages(sequence_to_tokens(adv, inp.mask))
+
+
+def gae_token_estimator(inp: TokenAdvantageInput) -> Advantages:
+    """``gae``: token-level GAE on a value head, whitened over the batch's tokens when ``norm``."""
+    if inp.values is None:
+        raise ValueError("token-level GAE needs the critic's values")
+    adv, ret = token_gae(inp.scores, inp.values, inp.mask, inp.gamma, inp.lam, inp.kl, inp.kl_coef)
+    return Advantages(normalize(adv, mask=inp.mask) * inp.mask if inp.norm else adv, ret)
+
+
+def reinforce_pp_token_estimator(inp: TokenAdvantageInput) -> Advantages:
+    """``reinforce_pp``: discounted reward-to-go whitened over the global batch."""
+    return Advantages(reinforce_pp_advantages(inp.scores, inp.mask, inp.kl, inp.kl_coef, inp.gamma,
+                                              group_ids=inp.group_ids) * inp.mask)
+
+
+def reinforce_pp_baseline_token_estimator(inp: TokenAdvantageInput) -> Advantages:
+    """``reinforce_pp_baseline``: REINFORCE++ after subtracting each prompt group's mean score."""
+    return Advantages(reinforce_pp_advantages(inp.scores, inp.mask, inp.kl, inp.kl_coef, inp.gamma, baseline=True,
+                                              group_ids=inp.group_ids) * inp.mask)
+
+
+def ppo_token_loss(inp: TokenLossInput) -> dict[str, Tensor]:
+    """``ppo`` / ``llm_ppo`` (kind token): :func:`llm_policy_loss` with the ``algorithm``
+    section's settings; KL and importance terms when the input carries their log-probs."""
+    c = inp.cfg
+    return llm_policy_loss(
+        inp.log_prob, inp.old_log_prob, inp.advantages, inp.mask,
+        clip_eps=c["clip_eps"], clip_eps_high=c.get("clip_eps_high"), loss_agg=c.get("loss_agg", "token_mean"),
+        max_len=inp.max_len, ref_log_prob=inp.ref_log_prob,
+        kl_coef=c.get("kl_coef", 0.0) if inp.ref_log_prob is not None else 0.0, kl_estimator=c.get("kl_estimator", "k3"),
+        behaviour_log_prob=inp.behaviour_log_prob, is_cap=c.get("is_cap", 2.0), entropy=inp.entropy,
+        ent_coef=c.get("ent_coef", 0.0), values=inp.values, old_values=inp.old_values, returns=inp.returns,
+        value_clip=c.get("value_clip"), vf_coef=c.get("vf_coef", 0.5),
+    )
+
+
+def sft_objective(inp: SFTLossInput) -> dict[str, Tensor]:
+    """``sft`` (kind sft): :func:`sft_loss` aggregated by ``algorithm.loss_agg``."""
+    return sft_loss(inp.log_prob, inp.mask, inp.cfg.get("loss_agg", "token_mean"))

@@ -18,7 +18,10 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from rlweave.algorithms.contracts import OnPolicyLossInput
+
 __all__ = [
+    "ppo_objective",
     "masked_mean",
     "ppo_policy_loss",
     "value_loss",
@@ -209,3 +212,15 @@ def total_loss(terms: dict[str, Tensor]) -> Tensor:
     if not losses:
         raise ValueError(f"no 'loss_*' terms in {sorted(terms)}")
     return torch.as_tensor(sum(losses[1:], losses[0]))
+
+
+def ppo_objective(inp: OnPolicyLossInput) -> dict[str, Tensor]:
+    """Registry entry ``ppo`` (kind on_policy): :func:`ppo_loss` with the ``algorithm`` section's
+    settings (``clip_eps`` arrives annealed); a value loss when the minibatch has a critic's values."""
+    c = inp.cfg
+    return ppo_loss(
+        inp.log_prob, inp.old_log_prob, inp.advantages, inp.entropy,
+        values=inp.values, old_values=inp.old_values, returns=inp.returns,
+        clip_eps=inp.clip_eps, clip_eps_high=c.get("clip_eps_high"), dual_clip=c.get("dual_clip"),
+        value_clip=c.get("value_clip"), vf_coef=c["vf_coef"], ent_coef=c["ent_coef"],
+    )

@@ -1,30 +1,39 @@
 """One registry for every algorithm rlweave knows.
 
-Three name -> object tables, filled at import time and extended by later modules (off-policy
-updates such as SAC/CrossQ/IQL, imitation such as SFT/DAgger) through the ``register_*``
-functions:
+Three name -> object tables, filled here at import time and extended by users through the
+``register_*`` functions (in a module that ``algorithm.plugins`` names, so that Ray worker
+processes import it too; see :mod:`rlweave.utils.plugins`):
 
-* ``ADVANTAGE_ESTIMATORS``: name -> estimator function (``gae``, ``grpo``, ...).
-* ``POLICY_LOSSES``: name -> loss function returning a ``dict`` of ``loss_*`` terms; every
-  algorithm's update rule lives here, whatever its kind.
+* ``ADVANTAGE_ESTIMATORS``: name -> {kind: estimator}; kinds ``on_policy`` (embodied
+  trajectories) and ``token`` (language-model responses), see :mod:`rlweave.algorithms.contracts`.
+* ``POLICY_LOSSES``: name -> {kind: loss}; kinds ``on_policy``, ``token``, ``learner``
+  (off-policy, imitation, offline) and ``sft``, one call signature each.
 * ``ALGORITHMS``: name -> :class:`AlgorithmSpec`, the recipe tying an estimator and a loss
   together plus the facts a runner needs to wire it (on/off-policy, critic, grouping).
 
+Workers never branch on an algorithm's name: they ask for ``(spec.advantage, kind)`` and
+``(spec.loss, kind)``, the kind following from the algorithm's kind and the runner
+(:func:`loss_kind`). :func:`register_algorithm` checks every runner a spec names has the pieces of
+the kinds it will ask for, so a loss of the wrong kind is refused when the algorithm is registered.
 Lookups fail with a one-line ``KeyError`` naming the known entries, so a typo in a config says
 what would have been accepted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from rlweave.algorithms.advantages import gae, group_normalized_advantages
-from rlweave.algorithms.losses import ppo_loss
+from rlweave.algorithms.advantages import gae_estimator, grpo_estimator
+from rlweave.algorithms.contracts import (ADVANTAGE_ESTIMATORS, ESTIMATOR_KINDS, LOSS_KINDS, POLICY_LOSSES, UnknownNameError,
+                                          WrongKindError)
 from rlweave.algorithms.imitation import bc_loss
-from rlweave.algorithms.llm import llm_policy_loss, reinforce_pp_advantages, sft_loss
+from rlweave.algorithms.llm import (gae_token_estimator, grpo_token_estimator, ppo_token_loss, reinforce_pp_baseline_token_estimator,
+                                    reinforce_pp_token_estimator, sft_objective)
+from rlweave.algorithms.losses import ppo_objective
 from rlweave.algorithms.offpolicy import crossq_loss, iql_loss, rlpd_loss, sac_loss
+from rlweave.utils.plugins import import_plugins
 
 __all__ = [
     "ALGORITHM_KINDS",
@@ -33,45 +42,26 @@ __all__ = [
     "ALGORITHMS",
     "AlgorithmSpec",
     "UnknownNameError",
+    "WrongKindError",
     "register_algorithm",
     "register_advantage_estimator",
     "register_policy_loss",
     "get_algorithm",
     "get_advantage_estimator",
     "get_policy_loss",
+    "loss_kind",
+    "estimator_kind",
+    "algorithm_loss",
+    "algorithm_estimator",
+    "load_algorithm",
 ]
 
-ALGORITHM_KINDS = ("on_policy", "off_policy", "imitation", "offline")
+ALGORITHM_KINDS = ("on_policy", "off_policy", "imitation", "offline", "sft")
 # the runner an algorithm of each kind runs with, unless its spec names others
 DEFAULT_RUNNERS = {"on_policy": ("onpolicy",), "off_policy": ("offpolicy",), "imitation": ("offpolicy",),
-                   "offline": ("offpolicy",)}
+                   "offline": ("offpolicy",), "sft": ("llm",)}
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Any]] = {
-    "gae": gae,
-    "grpo": group_normalized_advantages,
-    "reinforce_pp": reinforce_pp_advantages,
-    "reinforce_pp_baseline": reinforce_pp_advantages,  # with baseline=True
-}
-
-POLICY_LOSSES: dict[str, Callable[..., Any]] = {
-    "ppo": ppo_loss,
-    "sac": sac_loss,
-    "crossq": crossq_loss,
-    "rlpd": rlpd_loss,
-    "bc": bc_loss,
-    "iql": iql_loss,
-    "llm_ppo": llm_policy_loss,
-    "sft": sft_loss,
-}
-
-
-class UnknownNameError(KeyError):
-    """``KeyError`` whose ``str()`` is the plain message (``KeyError`` would quote it)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True)
@@ -80,18 +70,19 @@ class AlgorithmSpec:
 
     Attributes:
         name: registry key, as written in configs.
-        kind: ``"on_policy"`` | ``"off_policy"`` | ``"imitation"`` | ``"offline"`` (learns from a
-            dataset alone; the env only evaluates); picks the runner loop.
-        advantage: key in ``ADVANTAGE_ESTIMATORS``, or None (off-policy / imitation).
-        loss: key in ``POLICY_LOSSES``.
+        kind: ``"on_policy"`` | ``"off_policy"`` | ``"imitation"`` | ``"offline"`` (offline RL:
+            learns from a dataset alone, the env only evaluates) | ``"sft"`` (supervised
+            fine-tuning of a language model); picks the runner loop and the kinds of its pieces.
+        advantage: name in ``ADVANTAGE_ESTIMATORS``, or None (off-policy / imitation / SFT).
+        loss: name in ``POLICY_LOSSES``.
         uses_critic: whether a value head/critic is trained (the runner then computes values).
         episodic_groups: True when advantages compare whole episodes grouped by reset seed
             (GRPO), so the rollout must run each group to episode end from identical resets.
         description: one line for ``--help`` and docs.
         target_network: off-policy: the learner keeps a Polyak-averaged copy of the critic.
         value_network: the learner also trains a state-value network V(s) (IQL).
-        needs_dataset: learns from an offline dataset (``replay.offline_dataset``), beside online
-            data or (kind ``offline``) alone.
+        needs_dataset: learns from a dataset (``replay.offline_dataset``; SFT: ``data.*``),
+            beside online data or (kinds ``offline``, ``sft``) alone.
         labelling: imitation: which visited states the expert labels and who acts. ``"expert"``
             (the expert acts and labels: behaviour cloning), ``"mixture"`` (the expert acts with
             probability beta, decaying; every state labelled: DAgger), ``"gated"`` (the learner
@@ -130,42 +121,59 @@ class AlgorithmSpec:
 ALGORITHMS: dict[str, AlgorithmSpec] = {}
 
 
-def _unknown(what: str, name: str, table: dict[str, Any]) -> UnknownNameError:
-    known = ", ".join(sorted(table)) or "(none)"
-    return UnknownNameError(f"unknown {what} {name!r}; known: {known}")
+def loss_kind(spec: AlgorithmSpec, runner: str | None = None) -> str:
+    """The kind of loss ``spec`` calls on ``runner`` (default: its first): ``on_policy`` on
+    embodied on-policy runs, ``token`` for on-policy language models, ``sft``, else ``learner``."""
+    runner = runner or spec.runners[0]
+    if spec.kind == "on_policy":
+        return "token" if runner == "llm" else "on_policy"
+    return "sft" if spec.kind == "sft" else "learner"
 
 
-def _register(what: str, table: dict[str, Any], name: str, obj: Any) -> None:
-    if name in table:
-        raise ValueError(f"{what} {name!r} is already registered")
-    table[name] = obj
+def estimator_kind(spec: AlgorithmSpec, runner: str | None = None) -> str | None:
+    """The kind of advantage estimator ``spec`` calls on ``runner``; None for kinds without one."""
+    kind = loss_kind(spec, runner)
+    return kind if kind in ESTIMATOR_KINDS else None
 
 
-def register_advantage_estimator(name: str, fn: F) -> F:
-    """Add an advantage estimator under ``name``; ``ValueError`` if the name is taken."""
-    _register("advantage estimator", ADVANTAGE_ESTIMATORS, name, fn)
-    return fn
+def register_advantage_estimator(name: str, fn: F | None = None, *, kind: str = "on_policy") -> Any:
+    """Add an advantage estimator of ``kind`` (``on_policy`` | ``token``) under ``name``; without
+    ``fn``, a decorator. ``ValueError`` if ``(name, kind)`` is taken, ``TypeError`` if ``fn``
+    cannot be called the way its kind is (``estimator(inp) -> Advantages``)."""
+    if fn is None:
+        return lambda f: ADVANTAGE_ESTIMATORS.register(name, f, kind)
+    return ADVANTAGE_ESTIMATORS.register(name, fn, kind)
 
 
-def register_policy_loss(name: str, fn: F) -> F:
-    """Add a loss (returning a dict of ``loss_*`` terms) under ``name``; ``ValueError`` if taken."""
-    _register("policy loss", POLICY_LOSSES, name, fn)
-    return fn
+def register_policy_loss(name: str, fn: F | None = None, *, kind: str = "on_policy") -> Any:
+    """Add a loss of ``kind`` (``on_policy`` | ``token`` | ``learner`` | ``sft``; returning a dict
+    of ``loss_*`` terms) under ``name``; without ``fn``, a decorator. ``ValueError`` if
+    ``(name, kind)`` is taken, ``TypeError`` if ``fn`` cannot be called the way its kind is."""
+    if fn is None:
+        return lambda f: POLICY_LOSSES.register(name, f, kind)
+    return POLICY_LOSSES.register(name, fn, kind)
 
 
 def register_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
     """Add ``spec`` to ``ALGORITHMS``.
 
-    Raises ``ValueError`` on a duplicate name, and ``KeyError`` if the spec names an estimator or
-    loss that is not registered (register those first), so a broken recipe fails at import time
-    rather than mid-training.
+    Raises ``ValueError`` on a duplicate name, and ``KeyError`` if, for a runner the spec names,
+    its estimator or loss is not registered under the kind that runner calls (register those
+    first), so a broken recipe, or a loss written for another kind, fails at import time rather
+    than mid-training.
     """
     if spec.name in ALGORITHMS:
         raise ValueError(f"algorithm {spec.name!r} is already registered")
-    if spec.advantage is not None and spec.advantage not in ADVANTAGE_ESTIMATORS:
-        raise _unknown("advantage estimator", spec.advantage, ADVANTAGE_ESTIMATORS)
-    if spec.loss not in POLICY_LOSSES:
-        raise _unknown("policy loss", spec.loss, POLICY_LOSSES)
+    for runner in spec.runners:
+        est_kind = estimator_kind(spec, runner)
+        if est_kind is not None and spec.advantage is None:
+            raise ValueError(f"algorithm {spec.name!r}: an on-policy algorithm needs an advantage estimator")
+        try:
+            if est_kind is not None:
+                ADVANTAGE_ESTIMATORS.get(spec.advantage, est_kind)
+            POLICY_LOSSES.get(spec.loss, loss_kind(spec, runner))
+        except KeyError as e:
+            raise type(e)(f"algorithm {spec.name!r} (runner {runner}): {e}") from None
     ALGORITHMS[spec.name] = spec
     return spec
 
@@ -175,24 +183,55 @@ def get_algorithm(name: str) -> AlgorithmSpec:
     try:
         return ALGORITHMS[name]
     except KeyError:
-        raise _unknown("algorithm", name, ALGORITHMS) from None
+        known = ", ".join(sorted(ALGORITHMS)) or "(none)"
+        raise UnknownNameError(f"unknown algorithm {name!r}; known: {known}") from None
 
 
-def get_advantage_estimator(name: str) -> Callable[..., Any]:
-    """Look up an advantage estimator; unknown names raise ``KeyError`` listing the known ones."""
-    try:
-        return ADVANTAGE_ESTIMATORS[name]
-    except KeyError:
-        raise _unknown("advantage estimator", name, ADVANTAGE_ESTIMATORS) from None
+def get_advantage_estimator(name: str, kind: str | None = None) -> Callable[..., Any]:
+    """Look up an advantage estimator of ``kind`` (None: the name's only one); unknown names raise
+    ``KeyError`` listing the known ones, a name of another kind says which kinds it has."""
+    return ADVANTAGE_ESTIMATORS.get(name, kind)
 
 
-def get_policy_loss(name: str) -> Callable[..., Any]:
-    """Look up a policy loss; unknown names raise ``KeyError`` listing the known ones."""
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        raise _unknown("policy loss", name, POLICY_LOSSES) from None
+def get_policy_loss(name: str, kind: str | None = None) -> Callable[..., Any]:
+    """Look up a policy loss of ``kind`` (None: the name's only one); unknown names raise
+    ``KeyError`` listing the known ones, a name of another kind says which kinds it has."""
+    return POLICY_LOSSES.get(name, kind)
 
+
+def algorithm_loss(spec: AlgorithmSpec, runner: str | None = None) -> Callable[..., Any]:
+    """The loss ``spec`` trains with on ``runner`` (default: its first)."""
+    return POLICY_LOSSES.get(spec.loss, loss_kind(spec, runner))
+
+
+def algorithm_estimator(spec: AlgorithmSpec, runner: str | None = None) -> Callable[..., Any]:
+    """The advantage estimator ``spec`` uses on ``runner``; ``ValueError`` for kinds without one."""
+    kind = estimator_kind(spec, runner)
+    if kind is None or spec.advantage is None:
+        raise ValueError(f"algorithm {spec.name!r} ({spec.kind}) has no advantage estimator")
+    return ADVANTAGE_ESTIMATORS.get(spec.advantage, kind)
+
+
+def load_algorithm(cfg: Mapping[str, Any]) -> AlgorithmSpec:
+    """The spec an ``algorithm`` config section names, after importing its ``plugins``: every
+    worker process calls this before its lookups, so what a user's plugin module registers is
+    known in Ray worker processes too, not only in the driver."""
+    import_plugins(cfg.get("plugins") or ())
+    return get_algorithm(cfg["name"])
+
+
+# ----------------------------------------------------------------------------- built-in pieces
+for _name, _fn in (("gae", gae_estimator), ("grpo", grpo_estimator)):
+    ADVANTAGE_ESTIMATORS.register(_name, _fn, "on_policy")
+for _name, _fn in (("gae", gae_token_estimator), ("grpo", grpo_token_estimator), ("reinforce_pp", reinforce_pp_token_estimator),
+                   ("reinforce_pp_baseline", reinforce_pp_baseline_token_estimator)):
+    ADVANTAGE_ESTIMATORS.register(_name, _fn, "token")
+POLICY_LOSSES.register("ppo", ppo_objective, "on_policy")
+POLICY_LOSSES.register("ppo", ppo_token_loss, "token")
+POLICY_LOSSES.register("llm_ppo", ppo_token_loss, "token")  # the language-model-only algorithms' name for it
+POLICY_LOSSES.register("sft", sft_objective, "sft")
+for _name, _fn in (("sac", sac_loss), ("crossq", crossq_loss), ("rlpd", rlpd_loss), ("bc", bc_loss), ("iql", iql_loss)):
+    POLICY_LOSSES.register(_name, _fn, "learner")
 
 register_algorithm(
     AlgorithmSpec(
@@ -263,7 +302,7 @@ for _name, _adv, _critic, _async, _desc in (
                       episodic_groups=True, description=_desc, runners=("llm",), asynchronous=_async)
     )
 register_algorithm(
-    AlgorithmSpec(name="sft", kind="offline", advantage=None, loss="sft", uses_critic=False, episodic_groups=False,
+    AlgorithmSpec(name="sft", kind="sft", advantage=None, loss="sft", uses_critic=False, episodic_groups=False,
                   description="supervised fine-tuning of a language model on prompt-response data (full or LoRA)",
                   needs_dataset=True, runners=("llm",))
 )

@@ -52,7 +52,7 @@ def load_config(recipe: str, overrides: list[str] | tuple[str, ...] = (), carry:
     ``carry`` (dotted key -> value) is set between the recipe and the overrides: values a chained
     sub-run takes from the run that starts it (:mod:`rlweave.config.chain`)."""
     path = resolve_recipe(recipe)
-    cfg = validate(_read_recipe(path))
+    cfg = validate(_read_recipe(path), registries=False)  # the overrides may name the plugins
     for key, value in (carry or {}).items():
         OmegaConf.update(cfg, key, value, merge=False)
     apply_overrides(cfg, list(overrides))
@@ -146,8 +146,9 @@ def _open_dict(node):
     return open_dict(node)
 
 
-def validate(raw: DictConfig | dict) -> DictConfig:
-    """Merges ``raw`` onto the schema (unknown keys, wrong types) and checks declared ranges."""
+def validate(raw: DictConfig | dict, registries: bool = True) -> DictConfig:
+    """Merges ``raw`` onto the schema (unknown keys, wrong types) and checks declared ranges;
+    with ``registries``, also the names users can extend (:func:`check_registered`)."""
     schema = OmegaConf.structured(Config)
     try:
         cfg = OmegaConf.merge(schema, raw)
@@ -155,7 +156,25 @@ def validate(raw: DictConfig | dict) -> DictConfig:
     except OmegaConfBaseException as e:
         raise ConfigError(_omegaconf_message(e)) from None
     _check_ranges(Config, cfg, "")
+    if registries:
+        check_registered(cfg)
     return cfg
+
+
+def check_registered(cfg: DictConfig) -> None:
+    """Imports ``algorithm.plugins`` (in this process: the driver's lookups need them too) and
+    checks ``policy.name`` against the policy registry. A fixed list of choices in the schema
+    would refuse what ``register_policy`` adds."""
+    from rlweave.models.registry import POLICIES
+    from rlweave.utils.plugins import PluginError, import_plugins
+
+    try:
+        import_plugins(cfg.algorithm.plugins)
+    except PluginError as e:
+        raise ConfigError(_one_line(str(e))) from None
+    if cfg.policy.name not in POLICIES:
+        raise ConfigError(f"policy.name: '{cfg.policy.name}' is not a registered policy; known: {', '.join(sorted(POLICIES))} "
+                          "(register_policy adds one, in a module algorithm.plugins names)")
 
 
 def _check_ranges(cls: type, node: Any, prefix: str) -> None:

@@ -128,7 +128,9 @@ class ActorConfig:
 
 @dataclass
 class PolicyConfig:
-    name: str = choice("mlp", "mlp", "cnn", "squashed_mlp")
+    # a name in the policy registry (built in: mlp, cnn, squashed_mlp; register_policy adds one),
+    # checked against it when the config is loaded
+    name: str = "mlp"
     hidden: List[int] = field(default_factory=lambda: [64, 64])
     activation: str = choice("tanh", "tanh", "relu")
     normalize_obs: bool = False
@@ -140,6 +142,9 @@ class PolicyConfig:
 @dataclass
 class AlgorithmConfig:
     name: str = "ppo"
+    # modules that register estimators, losses, algorithms or policies, imported by the driver and by
+    # every worker process before their lookups (registrations live in the process that made them)
+    plugins: List[str] = field(default_factory=list)
     gamma: float = field(default=0.99, metadata={"min": 0, "max": 1})
     gae_lambda: float = field(default=0.95, metadata={"min": 0, "max": 1})
     clip_eps: float = field(default=0.2, metadata={"min": 0})

@@ -7,10 +7,13 @@ line such as ``policy 'mlp' needs a 1-D Box observation space, got Box(0, 255, (
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Callable
 
 import gymnasium as gym
 import numpy as np
+
+from rlweave.utils.plugins import import_plugins
 
 from .offpolicy import SquashedGaussianPolicy
 from .policies import CNNPolicy, MLPPolicy, Policy
@@ -70,12 +73,15 @@ def register_policy(name: str, builder: Callable[..., Policy] | None = None):
     return builder
 
 
-def build_policy(name: str, observation_space, action_space, **kwargs) -> Policy:
+def build_policy(name: str, observation_space, action_space, plugins: Iterable[str] = (), **kwargs) -> Policy:
     """Build policy ``name`` for the given spaces; extra kwargs go to the policy constructor.
+    ``plugins``: modules imported first (``algorithm.plugins``), so a name a user's module
+    registers is known in whichever process builds the policy (Ray workers are fresh processes).
 
     Raises ``KeyError`` (listing known policies) for an unknown name and ``ValueError`` (one line
     naming the policy and the space) when the spaces do not fit.
     """
+    import_plugins(plugins)
     try:
         builder = POLICIES[name]
     except KeyError:

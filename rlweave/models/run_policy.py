@@ -36,19 +36,24 @@ class RunPolicy:
 
 
 def policy_kwargs(cfg: DictConfig) -> dict:
-    """The :func:`~rlweave.models.build_policy` keyword arguments of ``cfg.policy`` (a critic head
-    for on-policy algorithms that use one)."""
+    """``build_policy`` keywords of ``cfg.policy``: the built-in policies take the settings they
+    know; a user-registered builder gets every ``policy.*`` setting (it takes ``**kwargs`` for the
+    ones it ignores). ``plugins`` (``algorithm.plugins``) travel along, so a worker process that
+    builds the policy imports the module that registered it."""
     p = OmegaConf.to_container(cfg.policy)
     name = p.pop("name")
     spec = get_algorithm(cfg.algorithm.name)
-    kwargs: dict = {"name": name, "critic": spec.uses_critic and spec.kind == "on_policy"}
+    kwargs: dict = {"name": name, "critic": spec.uses_critic and spec.kind == "on_policy",
+                    "plugins": list(cfg.algorithm.plugins)}
     if name == "squashed_mlp":
         kwargs.update(hidden=tuple(p["hidden"]), activation=p["activation"], state_dependent_std=p["state_dependent_std"])
     elif name == "mlp":
         kwargs.update(hidden=tuple(p["hidden"]), activation=p["activation"], normalize_obs=p["normalize_obs"],
                       log_std_init=p["log_std_init"], ortho_init=p["ortho_init"])
-    else:
+    elif name == "cnn":
         kwargs.update(log_std_init=p["log_std_init"])
+    else:
+        kwargs.update(p, hidden=tuple(p["hidden"]))
     return kwargs
 
 

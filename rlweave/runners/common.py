@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlweave.algorithms import ALGORITHMS, AlgorithmSpec, get_algorithm, get_policy_loss, has_concurrent_parts
+from rlweave.algorithms import ALGORITHMS, AlgorithmSpec, algorithm_loss, get_algorithm, has_concurrent_parts
 from rlweave.cluster import Cluster, PlacementError, WorkerError, make_plan
 from rlweave.config import ConfigError
 from rlweave.envs import space_info
@@ -132,8 +132,8 @@ def plan_placement(cfg: DictConfig, cluster: Cluster):
 
 def check_update_threads(cfg: DictConfig, spec: AlgorithmSpec) -> None:
     """``actor.update_threads`` > 1 needs an update made of concurrent parts (SAC, RLPD)."""
-    if cfg.actor.update_threads > 1 and not has_concurrent_parts(get_policy_loss(spec.loss)):
-        splits = ", ".join(sorted(n for n, a in ALGORITHMS.items() if has_concurrent_parts(get_policy_loss(a.loss))))
+    if cfg.actor.update_threads > 1 and not has_concurrent_parts(algorithm_loss(spec)):
+        splits = ", ".join(sorted(n for n, a in ALGORITHMS.items() if has_concurrent_parts(algorithm_loss(a))))
         raise ConfigError(f"actor.update_threads: {cfg.actor.update_threads} runs the critic's and the actor's parts of an "
                           f"update at the same time; {spec.name}'s update has no such parts ({splits} have)")
 

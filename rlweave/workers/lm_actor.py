@@ -32,8 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlweave.algorithms import get_algorithm
-from rlweave.algorithms.llm import llm_policy_loss, sft_loss
+from rlweave.algorithms import SFTLossInput, TokenLossInput, algorithm_loss, load_algorithm
 from rlweave.algorithms.losses import total_loss
 from rlweave.cluster import Worker
 from rlweave.models.causal_lm import (CausalLMPolicy, load_causal_lm, load_tokenizer, merged_state_dict, require_transformers,
@@ -81,20 +80,21 @@ class LMActorWorker(Worker):
         and ``max_tokens``, the longest prompt + response the run can produce."""
         actor_cfg = actor_cfg or {}
         self.cfg = algo_cfg
-        self.spec = get_algorithm(algo_cfg["name"])
+        self.spec = load_algorithm(algo_cfg)  # imports algorithm.plugins first: user registrations reach this process
+        self.loss_fn = algorithm_loss(self.spec, "llm")  # kind token (RL) or sft
         self.tokenizer = load_tokenizer(tokenizer_path)
         torch.manual_seed(seed)  # identical initial weights on every rank
         self.model = load_causal_lm(model_spec, len(self.tokenizer), seed=seed, tokenizer=self.tokenizer)
         # SFT may pack rows under a 4-D block mask, which only the fused kernel reads as intended
         set_attention(self.model, train_attention(actor_cfg.get("attention", "auto"), self.device.type,
-                                                  0 if self.spec.kind == "offline" else actor_cfg.get("max_tokens", 0)))
+                                                  0 if self.spec.kind == "sft" else actor_cfg.get("max_tokens", 0)))
         self.lora = bool(model_spec.get("lora_rank", 0))
         kernels = model_spec.get("kernels", "auto")  # model.kernels: the fused forward or the library's
         self.policy = CausalLMPolicy(self.model, value_head=self.spec.uses_critic, kernels=kernels)
         self.policy.to(self.device)
         self.temperature = float(temperature)  # the rollout's: log-probs are scored under the same distribution
         # the reference model for KL: a frozen copy, or under LoRA the base with its adapters off
-        self.use_ref = self.spec.kind != "offline" and algo_cfg.get("kl_coef", 0.0) > 0
+        self.use_ref = self.spec.kind != "sft" and algo_cfg.get("kl_coef", 0.0) > 0
         self.ref = None
         if self.use_ref and not self.lora:
             self.ref = CausalLMPolicy(copy.deepcopy(self.model).eval().requires_grad_(False), kernels=kernels)
@@ -288,17 +288,14 @@ class LMActorWorker(Worker):
                 old = out["logprobs"].detach() if single_pass else tok["old_logprobs"][idx]
                 if single_pass and "rollout_logprobs" in tok:  # the train-inference gap, measured here
                     gaps.append((tok["rollout_logprobs"][idx] - old).abs()[m])
-                terms = llm_policy_loss(
-                    out["logprobs"], old, tok["advantages"][idx], m,
-                    clip_eps=c["clip_eps"], clip_eps_high=c.get("clip_eps_high"), loss_agg=c.get("loss_agg", "token_mean"),
-                    max_len=width, ref_log_prob=tok["ref_logprobs"][idx] if use_kl else None,
-                    kl_coef=c.get("kl_coef", 0.0) if use_kl else 0.0, kl_estimator=c.get("kl_estimator", "k3"),
+                terms = self.loss_fn(TokenLossInput(
+                    log_prob=out["logprobs"], old_log_prob=old, advantages=tok["advantages"][idx], mask=m,
+                    entropy=out["entropy"], max_len=width, cfg=c, values=out.get("values"),
+                    old_values=tok["old_values"][idx] if "old_values" in tok else None,
+                    returns=tok["returns"][idx] if "returns" in tok else None,
+                    ref_log_prob=tok["ref_logprobs"][idx] if use_kl else None,
                     behaviour_log_prob=tok["rollout_logprobs"][idx] if importance_correction else None,
-                    is_cap=c.get("is_cap", 2.0), entropy=out["entropy"], ent_coef=c.get("ent_coef", 0.0),
-                    values=out.get("values"), old_values=tok["old_values"][idx] if "old_values" in tok else None,
-                    returns=tok["returns"][idx] if "returns" in tok else None, value_clip=c.get("value_clip"),
-                    vf_coef=c.get("vf_coef", 0.5),
-                )
+                ))
                 terms.setdefault("entropy", (out["entropy"] * m).sum() / m.sum().clamp_min(1))
                 count = m.sum() if c.get("loss_agg", "token_mean") == "token_mean" else torch.tensor(float(len(idx)))
                 loss = total_loss(terms) * self._rank_weight(count)
@@ -330,7 +327,7 @@ class LMActorWorker(Worker):
                   position_ids=None if pos is None else _tensor(pos, device=self.device))
         out = self.policy(**kw) if self.ddp is None else self.ddp(False, **kw)
         agg = self.cfg.get("loss_agg", "token_mean")
-        terms = sft_loss(out["logprobs"], target, agg)
+        terms = self.loss_fn(SFTLossInput(out["logprobs"], target, self.cfg))
         sums: dict[str, list[float]] = {}
         self._timing = dict.fromkeys(_TIMING_KEYS, 0.0)
         count = target.sum() if agg == "token_mean" else torch.tensor(float(len(ids)))

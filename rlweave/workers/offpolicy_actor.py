@@ -30,7 +30,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from rlweave.algorithms import LearnerNets, LossOptions, get_algorithm, get_policy_loss, has_concurrent_parts, soft_update
+from rlweave.algorithms import LearnerNets, LossOptions, algorithm_loss, has_concurrent_parts, load_algorithm, soft_update
 from rlweave.cluster import Peer, Worker
 from rlweave.models import QEnsemble, build_policy
 from rlweave.models.flat import FlatParameters
@@ -99,8 +99,8 @@ class OffPolicyActorWorker(Worker):
         self._helper: ActorPartProcess | _ActorPartThread | None = None
         self.update_helper = update_helper if self.device.type == "cpu" and update_helper_available() else "thread"
         self.total_updates = int(total_updates)  # the horizon of algorithm.actor_lr_schedule
-        self.spec = get_algorithm(algo_cfg["name"])
-        self.loss_fn = get_policy_loss(self.spec.loss)
+        self.spec = load_algorithm(algo_cfg)  # imports algorithm.plugins first: user registrations reach this process
+        self.loss_fn = algorithm_loss(self.spec, "offpolicy")  # kind learner
         self.concurrent_parts = int(update_threads) > 1 and has_concurrent_parts(self.loss_fn)
         torch.manual_seed(seed)
         self.policy = build_policy(observation_space=observation_space, action_space=action_space, chunk=chunk, **policy_cfg)
