@@ -42,13 +42,14 @@ def test_user_pieces_train_in_process_through_config_names(tmp_path):
 def test_user_pieces_reach_ray_worker_processes(tmp_path):
     """Workers are fresh processes: only ``algorithm.plugins`` makes the names known there."""
     run_dir = tmp_path / "run"
-    args = ["train", "ppo-cartpole", "cluster.num_cpus=2", PLUGIN, *USER_ALGO, *SHORT, f"run.dir={run_dir}"]
+    args = ["train", "ppo-cartpole", "cluster.num_cpus=2", PLUGIN, *USER_ALGO, *SHORT, "train.total_env_steps=128",
+            f"run.dir={run_dir}"]  # one iteration: the run's start is the cost here
     code = f"import sys; from rlweave.cli import main; sys.exit(main({args!r}))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = read_metrics(run_dir)
     # the estimator's own metric: it ran in the actor's process, under the name the config gave
-    assert [r["env_steps"] for r in rows] == [128, 256] and all("train/td_error_abs" in r for r in rows)
+    assert [r["env_steps"] for r in rows] == [128] and "train/td_error_abs" in rows[0]
 
 
 def test_plugin_import_registers_in_a_fresh_process():
