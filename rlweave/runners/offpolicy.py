@@ -45,6 +45,7 @@ from rlweave.channel import Channel
 from rlweave.cluster import Cluster, GroupPlacement, PlacementError, WorkerGroup, make_plan, wait_all
 from rlweave.models import build_policy
 from rlweave.models.run_policy import policy_kwargs
+from rlweave.runners.records import StageClock, total, worst
 from rlweave.runners.common import RunnerBase, plan_placement
 from rlweave.runners.layouts import LayoutTrials
 from rlweave.runners.evaluate import evaluate_policy
@@ -55,7 +56,7 @@ from rlweave.workers.env_worker import EnvWorker
 from rlweave.workers.offpolicy_actor import OffPolicyActorWorker
 from rlweave.workers.replay import ReplayBufferWorker
 from rlweave.workers.rollout_worker import RolloutWorker
-from rlweave.sync.weights import resolve_buckets, unpack_into
+from rlweave.sync.weights import resolve_buckets, unpack_into, verify_sync
 
 
 class OffPolicyRunner(RunnerBase):
@@ -111,7 +112,7 @@ class OffPolicyRunner(RunnerBase):
         )
         self.groups.append(self.actor)
         if cfg.actor.precision != "float32":  # resolved by each learner rank on its own device
-            for line in dict.fromkeys(self.actor.run("describe_precision")):
+            for line in dict.fromkeys(self.actor.describe_precision()):
                 print(f"[rlweave] {line}")
         # the replay shard lives in the learner's process: sampling is a function call
         offline = cfg.replay.offline_dataset
@@ -130,10 +131,10 @@ class OffPolicyRunner(RunnerBase):
                 scale = 1000.0 / max(s["return_max"] - s["return_min"], 1e-6)
                 data["reward"] = data["reward"] * scale
                 note = f"; rewards x {scale:.4g} (1000 / return range)"
-            self.replay.run("add", data, "offline", max(cfg.replay.capacity, len(data["reward"])))
+            self.replay.add(data, "offline", max(cfg.replay.capacity, len(data["reward"])))
             print(f"[rlweave] offline dataset {offline}: {s['episodes']} episodes, {s['steps']} steps, "
                   f"return {s['return_mean']:.1f} +- {s['return_std']:.1f}; {share:.0%} of every batch{note}")
-        self.actor.call_each("configure_replay", [(self.replay.peer(r, self.actor.hosts[r]),) for r in range(self.actor.world_size)]).wait()
+        self.actor.configure_replay(self.replay)
         self.eval_policy = build_policy(observation_space=self.obs_space, action_space=self.act_space, chunk=cfg.env.chunk, **self.pkw)
         if self.offline:
             print("[rlweave] offline: no env or rollout workers; the env only evaluates (in the driver)")
@@ -147,7 +148,7 @@ class OffPolicyRunner(RunnerBase):
         self.groups.append(self.env)
         if self.spec.labelling is not None:  # imitation: the expert lives beside the envs it labels
             im = cfg.imitation
-            self.env.run("configure_expert", im.expert, im.gate if self.spec.labelling == "gated" else "none", im.gate_threshold, im.operator)
+            self.env.configure_expert(im.expert, im.gate if self.spec.labelling == "gated" else "none", im.gate_threshold, im.operator)
         fused = plan.groups["rollout"].slots == plan.groups["env"].slots
         self.rollout = WorkerGroup(
             RolloutWorker, plan.groups["rollout"], self.cluster,
@@ -155,8 +156,7 @@ class OffPolicyRunner(RunnerBase):
             colocate_with=self.env if fused else None,
         )
         self.groups.append(self.rollout)
-        n_roll = self.rollout.world_size
-        self.env.call_each("configure_rollout", [(self.rollout.peer(e % n_roll, self.env.hosts[e]),) for e in range(self.env.world_size)]).wait()
+        self.env.configure_rollout(self.rollout)
 
     def _sync_weights(self) -> float:
         """A direct sync (start, resume, restart, layout switch): nothing left to carry."""
@@ -166,12 +166,12 @@ class OffPolicyRunner(RunnerBase):
     # ------------------------------------------------------------------ checkpoints
     def _parts(self) -> dict:
         if self.pending_items:  # a checkpoint holds every collected transition: staged in the replay shard
-            self.replay.run("stage", self.pending_items)
+            self.replay.stage(self.pending_items)
         parts = {
-            "actor": self.actor.call("state_dict", ranks=[0]).wait()[0],
-            "replay": self.replay.run("state_dict"),
-            "envs": self.env.run("state_dict") if self.env is not None else [],
-            "rollouts": self.rollout.run("state_dict") if self.rollout is not None else [],
+            "actor": self.actor.state_dict(),
+            "replay": self.replay.state_dict(),
+            "envs": self.env.state_dict() if self.env is not None else [],
+            "rollouts": self.rollout.state_dict() if self.rollout is not None else [],
             "runner": {**self._driver_state(), "ingested_steps": self.ingested_steps, "updates": self.updates,
                        "pending_items": self.pending_items, "pending_steps": self.pending_steps},
         }
@@ -179,11 +179,11 @@ class OffPolicyRunner(RunnerBase):
 
     def _restore_parts(self, state: dict) -> None:
         r = state["runner"]
-        self.actor.run("load_state_dict", state["actor"])
-        self.replay.call_each("load_state_dict", [(s,) for s in state["replay"]]).wait()
+        self.actor.load_state_dict(state["actor"])
+        self.replay.load_state_dict(state["replay"])
         if self.env is not None:
-            self.env.call_each("load_state_dict", [(s,) for s in state["envs"]]).wait()
-            self.rollout.call_each("load_state_dict", [(s,) for s in state["rollouts"]]).wait()
+            self.env.load_state_dict(state["envs"])
+            self.rollout.load_state_dict(state["rollouts"])
         self.ingested_steps, self.updates = r["ingested_steps"], r["updates"]
         # the transitions in flight at the checkpoint are staged in the replay shard's state
         self.pending_items, self.pending_steps = r.get("pending_items", 0), r.get("pending_steps", 0)
@@ -199,7 +199,7 @@ class OffPolicyRunner(RunnerBase):
         t = self.cfg.train
         due = min(t.updates_per_iteration, t.total_updates - self.updates)
         t0 = time.perf_counter()
-        act_out = self.actor.call("train", due, 0, None, ranks=[0]).wait()[0]
+        act_out = self.actor.train(due, 0, None).wait()
         t_iter = time.perf_counter() - t0
         self.updates += due
         self.iteration += 1
@@ -214,82 +214,83 @@ class OffPolicyRunner(RunnerBase):
         return self._finish_record(record, metrics, trace, progress, final=self.updates >= t.total_updates)
 
     def _iteration(self, metrics: MetricsWriter, trace: Trace, progress: Progress) -> dict:
+        """One iteration of the workflow: env workers collect transitions (their rollout workers act
+        with the weights the previous update carried) while the learner takes in the previous
+        iteration's transitions and makes ``algorithm.utd_ratio`` updates per env step (with
+        ``train.max_staleness=0``: collect, then train on everything collected)."""
         if self.offline:
             return self._offline_iteration(metrics, trace, progress)
-        cfg = self.cfg
-        t = cfg.train
-        n_env = self.env.world_size
+        cfg, t = self.cfg, self.cfg.train
+        clock = StageClock()
         random_actions = self.env_steps < cfg.algorithm.learning_starts
-        t0 = time.perf_counter()
         beta = cfg.imitation.beta * cfg.imitation.beta_decay ** self.iteration  # DAgger's mixing schedule (0**0 = 1)
         carried, self.carried_weights = self.carried_weights, None
-        h_env = self.env.call("collect_transitions", t.rollout_steps, cfg.algorithm.n_step, random_actions, self.spec.labelling, beta, carried)
+        h_env = self.env.collect_transitions(t.rollout_steps, cfg.algorithm.n_step, random_actions, self.spec.labelling, beta, carried)
         if t.max_staleness == 0:  # collect, then train on everything collected so far
-            env_out = h_env.wait()
-            self.pending_items += n_env
-            self.pending_steps += sum(o["env_steps"] for o in env_out)
+            self.pending_items += self.env.world_size
+            self.pending_steps += total(h_env.wait(), "env_steps")
         due = self._updates_due(self.ingested_steps + self.pending_steps)
         export = (self.iteration + 1) % t.sync_every == 0  # this iteration's new weights go to the next collection
-        h_act = self.actor.call("train", due, self.pending_items, t.max_staleness, export, ranks=[0])
-        if t.max_staleness == 0:
-            act_out = h_act.wait()[0]
-        else:
-            env_out, act_out = wait_all([h_env, h_act])
-            act_out = act_out[0]
-        t1 = time.perf_counter()
-        steps = sum(o["env_steps"] for o in env_out)
-        self.ingested_steps += self.pending_steps
-        self.updates += due
-        if t.max_staleness == 0:
-            self.pending_items = self.pending_steps = 0
-        else:  # this iteration's transitions are taken in by the next one
-            self.pending_items, self.pending_steps = n_env, steps
-        self.env_steps += steps
-        self.iteration += 1
+        env_out, act_out = wait_all([h_env, self.actor.train.submit(due, self.pending_items, t.max_staleness, export)])
+        t_trained = time.perf_counter()
+        steps = self._advance(env_out, due)
         if carried is not None:
-            got = [o["weights_checksum"] for o in env_out]
-            if any(c != carried.checksum for c in got):
-                raise RuntimeError(f"weight sync v{carried.version}: rollout checksums {got} != actor {carried.checksum}")
+            verify_sync(carried, [o["weights_checksum"] for o in env_out])
         if export:
             self.carried_weights = self._last_packet = act_out.pop("weights")
-        t_iter = time.perf_counter() - t0
-        record: dict = {"iteration": self.iteration, "env_steps": self.env_steps, "wall_time": None}
-        record.update(self._episode_metrics(env_out))
-        record.update({k: v for k, v in act_out.items() if k.startswith("train/")})
-        record["samples/produced"] = sum(o["transitions"] for o in env_out)
-        record["samples/ingested"] = act_out["ingested"]
-        record["samples/updates"] = due
-        record["samples/staleness"] = act_out["staleness"]
-        record["samples/random_actions"] = int(random_actions)
+        record = {"iteration": self.iteration, "env_steps": self.env_steps, "wall_time": None, **self._episode_metrics(env_out),
+                  **self._sample_metrics(env_out, act_out, due, random_actions, beta),
+                  **self._stage_metrics(h_env, env_out, act_out, clock, steps, due)}
+        self._trace_iteration(trace, clock.start, t_trained, h_env, env_out, act_out, carried is not None)
+        return self._finish_record(record, metrics, trace, progress, final=self.env_steps >= t.total_env_steps)
+
+    def _advance(self, env_out: list[dict], due: int) -> int:
+        """The counters after an iteration: the transitions taken in, the updates made, and those
+        left pending for the next iteration. Returns the env steps collected."""
+        steps = total(env_out, "env_steps")
+        self.ingested_steps += self.pending_steps
+        self.updates += due
+        if self.cfg.train.max_staleness == 0:
+            self.pending_items = self.pending_steps = 0
+        else:  # this iteration's transitions are taken in by the next one
+            self.pending_items, self.pending_steps = self.env.world_size, steps
+        self.env_steps += steps
+        self.iteration += 1
+        return steps
+
+    def _sample_metrics(self, env_out: list[dict], act_out: dict, due: int, random_actions: bool, beta: float) -> dict:
+        record = {**{k: v for k, v in act_out.items() if k.startswith("train/")},
+                  "samples/produced": total(env_out, "transitions"), "samples/ingested": act_out["ingested"],
+                  "samples/updates": due, "samples/staleness": act_out["staleness"], "samples/random_actions": int(random_actions)}
         if self.spec.labelling is not None:
-            record["samples/labels"] = sum(o["labels"] for o in env_out)
-            record["samples/interventions"] = sum(o["interventions"] for o in env_out)
+            record["samples/labels"] = total(env_out, "labels")
+            record["samples/interventions"] = total(env_out, "interventions")
             record["samples/expert_share"] = beta if self.spec.labelling == "mixture" else float(self.spec.labelling == "expert")
-        record["time/collect"] = h_env.duration
-        record["time/env"] = max(o["time_env"] for o in env_out)
-        record["time/env_wait_action"] = max(o["time_wait_action"] for o in env_out)
-        record["time/trajectory_put"] = max(o["time_put"] for o in env_out)
-        record["time/actor"] = act_out["time/actor_train"]
-        record["time/actor_wait"] = act_out["time/actor_wait"]
-        record["time/weight_sync"] = max(o["time_weight_load"] for o in env_out)  # inside collection, beside training
-        record["time/iteration"] = t_iter
+        return record
+
+    def _stage_metrics(self, h_env, env_out: list[dict], act_out: dict, clock: StageClock, steps: int, due: int) -> dict:
+        t_iter = clock.elapsed()
+        record = {"time/collect": h_env.duration, "time/env": worst(env_out, "time/env"),
+                  "time/env_wait_action": worst(env_out, "time/wait_action"), "time/trajectory_put": worst(env_out, "time/put"),
+                  "time/actor": act_out["time/actor_train"], "time/actor_wait": act_out["time/actor_wait"],
+                  "time/weight_sync": worst(env_out, "time/weight_load"),  # inside collection, beside training
+                  "time/iteration": t_iter, "perf/env_steps_per_s": steps / t_iter, "perf/updates_per_s": due / t_iter,
+                  "mem/env_peak_rss_mb": worst(env_out, "peak_rss_mb"), "mem/actor_peak_rss_mb": act_out["peak_rss_mb"]}
         if self._layouts is not None:
             record["plan/layout"] = self._layouts.index
-        record["perf/env_steps_per_s"] = steps / t_iter
-        record["perf/updates_per_s"] = due / t_iter
-        record["mem/env_peak_rss_mb"] = max(o["peak_rss_mb"] for o in env_out)
-        record["mem/actor_peak_rss_mb"] = act_out["peak_rss_mb"]
+        return record
+
+    def _trace_iteration(self, trace: Trace, t0: float, t_trained: float, h_env, env_out, act_out, carried: bool) -> None:
         for rank, d in enumerate(h_env.durations):
             trace.span(f"env[{rank}]", "collect_transitions", t0, d)
-        trace.span("actor[0]", "train", t1 - act_out["time/actor_train"], act_out["time/actor_train"])
-        if carried is not None:
+        trace.span("actor[0]", "train", t_trained - act_out["time/actor_train"], act_out["time/actor_train"])
+        if carried:
             for rank, o in enumerate(env_out):
-                trace.span(f"env[{rank}]", "weight_sync", t0, o["time_weight_load"])
-        return self._finish_record(record, metrics, trace, progress, final=self.env_steps >= t.total_env_steps)
+                trace.span(f"env[{rank}]", "weight_sync", t0, o["time/weight_load"])
 
     def evaluate(self) -> dict:
         """Deterministic episodes of the learner's latest policy (not the rollout's copy)."""
-        packet = self.actor.call("export_weights", ranks=[0]).wait()[0]
+        packet = self.actor.export_weights()
         unpack_into(self.eval_policy, resolve_buckets(packet.buckets))
         env_cfg = OmegaConf.to_container(self.cfg.env)
         return evaluate_policy(self.eval_policy, env_cfg, self.cfg.train.eval_episodes, seed=self.cfg.seed + 10_000 + self.iteration, gamma=self.cfg.algorithm.gamma)

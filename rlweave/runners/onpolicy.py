@@ -22,7 +22,6 @@ import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from rlweave.channel import Channel
@@ -33,6 +32,7 @@ from rlweave.models import build_policy
 from rlweave.models.run_policy import policy_kwargs
 from rlweave.runners.common import RunnerBase
 from rlweave.runners.evaluate import evaluate_policy
+from rlweave.runners.records import StageClock, prefixed_means, total, worst
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace, write_text_atomic
 from rlweave.workers.actor_worker import ActorWorker
 from rlweave.workers.channels import ChannelSpec
@@ -159,15 +159,13 @@ class OnPolicyRunner(RunnerBase):
         )
         self.env, self.rollout, self.flow = env, rollout, flow
         self.groups = [self.actor, env, rollout]
-        peers = [(rollout.peer(e % flow.num_rollout, env.hosts[e]),) for e in range(flow.num_env)]
-        env.call_each("configure_rollout", peers).wait()
-        env.run("configure", micro_batches=flow.micro_batches, num_actor_workers=self.actor.world_size,
-                record_events=self.recording)
+        env.configure_rollout(rollout)
+        env.configure(micro_batches=flow.micro_batches, num_actor_workers=self.actor.world_size, record_events=self.recording)
 
     def _load_rollout_weights(self) -> None:
         packet = getattr(self, "_last_packet", None)
         if packet is not None:
-            self.rollout.run("load_weights", packet)
+            self.rollout.load_weights(packet)
 
     # ------------------------------------------------------------------ scaling
     def scale_env(self, num_workers: int) -> None:
@@ -194,9 +192,9 @@ class OnPolicyRunner(RunnerBase):
     # ------------------------------------------------------------------ checkpoints
     def _parts(self) -> dict:
         parts = {
-            "actor": self.actor.call("state_dict", ranks=[0]).wait()[0],
-            "envs": self.env.run("state_dict"),
-            "rollouts": self.rollout.run("state_dict"),
+            "actor": self.actor.state_dict(),
+            "envs": self.env.state_dict(),
+            "rollouts": self.rollout.state_dict(),
             "runner": {
                 **self._driver_state(),
                 "version": self.version,
@@ -224,9 +222,9 @@ class OnPolicyRunner(RunnerBase):
             self.verified = {FlowPlan.from_tuple(t) for t in run_state.get("verified", [])}
             self.drift_count = run_state.get("drift_count", 0)
             self.plan_log = [e for e in run_state.get("plan_log", []) if e["iteration"] <= r["iteration"]]
-        self.actor.run("load_state_dict", state["actor"])
-        self.env.call_each("load_state_dict", [(s,) for s in state["envs"]]).wait()
-        self.rollout.call_each("load_state_dict", [(s,) for s in state["rollouts"]]).wait()
+        self.actor.load_state_dict(state["actor"])
+        self.env.load_state_dict(state["envs"])
+        self.rollout.load_state_dict(state["rollouts"])
         self.version = r["version"]
 
     def _more(self) -> bool:
@@ -297,80 +295,84 @@ class OnPolicyRunner(RunnerBase):
             print(f"[rlweave] planner: could not switch to {plan.label()} ({e}); staying on {self.flow.label()}")
 
     def _iteration(self, metrics: MetricsWriter, trace: Trace, progress: Progress) -> dict:
+        """One iteration of the workflow: env workers collect (asking rollout workers for actions)
+        while each actor rank computes advantages and updates on the trajectories sent to it; then
+        the weights go to the rollout workers, and an evaluation runs when due."""
         cfg = self.cfg
-        recording = self.iteration < cfg.run.trace_iterations
-        if recording != self.recording:  # a call per group only when it changes
-            self.recording = recording
-            self.env.run("configure", record_events=recording)
-            self.rollout.run("configure", recording)
-        t0 = time.perf_counter()
+        self._record_events(self.iteration < cfg.run.trace_iterations)
+        clock = StageClock(trace)
         if self.spec.episodic_groups:
-            h_env = self.env.call("collect_episodes", cfg.train.rollout_steps, self.version, cfg.algorithm.group_size)
+            h_env = self.env.collect_episodes(cfg.train.rollout_steps, self.version, cfg.algorithm.group_size)
         else:
-            h_env = self.env.call("collect", cfg.train.rollout_steps, self.version)
-        n_act = self.actor.world_size
-        per_rank = [sum(1 for e in range(self.env.world_size) if e % n_act == r) for r in range(n_act)]
-        h_act = self.actor.call_each("train", [(self.version, self.env_steps / cfg.train.total_env_steps, per_rank[r]) for r in range(n_act)])
+            h_env = self.env.collect(cfg.train.rollout_steps, self.version)
+        h_act = self.actor.train(self.version, self.env_steps / cfg.train.total_env_steps, self.env.world_size)
         env_out, act_out = wait_all([h_env, h_act])
-        t1 = time.perf_counter()
-        roll_out = self.rollout.run("stats")
-        offloaded = self.actor_shares_rollout_slots()
-        if offloaded:  # the trainer's turn on the shared slots; the weights come back with the sync
-            released = self.rollout.run("offload")
+        t_trained = time.perf_counter()
+        roll_out = self.rollout.stats()
+        shared = self.actor_shares_rollout_slots()
+        released = self.rollout.offload() if shared else None  # the trainer's turn on the shared slots
         self.version += 1
-        t_sync = self._sync_weights()
-        if offloaded and self.cluster.slot_kind == "gpu":
-            # the rollout's turn next: the trainer's model and optimizer state go to host memory
-            moved = self.actor.run("offload")
-            record_actor_offload = {k: max(m[k].get("allocated_mb", 0.0) for m in moved) for k in ("before", "after")}
-        else:
-            record_actor_offload = None
+        with clock.stage("weight_sync"):
+            self._sync_weights()
+        moved = self.actor.offload() if shared and self.cluster.slot_kind == "gpu" else None  # the rollout's turn next
         self.iteration += 1
         steps = sum(o["env_steps"] for o in env_out)
         self.env_steps += steps
-        t_iter = time.perf_counter() - t0
-        record: dict = {"iteration": self.iteration, "env_steps": self.env_steps, "wall_time": None}
-        record.update(self._episode_metrics(env_out))
-        for k in act_out[0]:
-            if k.startswith("train/"):
-                record[k] = float(np.mean([a[k] for a in act_out]))
+        record = {"iteration": self.iteration, "env_steps": self.env_steps, "wall_time": None, **self._episode_metrics(env_out)}
+        record.update(self._sample_metrics(act_out, steps))
+        record.update(self._stage_metrics(h_env, env_out, roll_out, act_out, clock, steps))
+        record.update(self._plan_metrics(shared, released, moved, record["time/iteration"]))
+        self._trace_iteration(trace, clock.start, t_trained, h_env, env_out, roll_out, act_out)
+        final = self.iteration >= self.iterations or self.env_steps >= cfg.train.total_env_steps
+        return self._finish_record(record, metrics, trace, progress, final)
+
+    def _record_events(self, recording: bool) -> None:
+        """Env and rollout workers record per-micro-batch trace events (a call only on a change)."""
+        if recording != self.recording:
+            self.recording = recording
+            self.env.configure(record_events=recording)
+            self.rollout.configure(recording)
+
+    def _sample_metrics(self, act_out: list[dict], steps: int) -> dict:
+        """What the actor ranks trained on, checked: every trajectory once, of the version that ran."""
         received = [x for a in act_out for x in a["received"]]
-        record["samples/produced"] = steps
-        record["samples/trained"] = sum(x[2] for x in received)
-        record["samples/trajectories"] = len(received)
         if len({x[0] for x in received}) != len(received) or any(x[1] != self.version - 1 for x in received):
             raise RuntimeError(f"iteration {self.iteration}: trajectories duplicated or off-policy: {received}")
-        record["time/collect"] = h_env.duration
-        record["time/env"] = max(o["time_env"] for o in env_out)
-        record["time/env_wait_action"] = max(o["time_wait_action"] for o in env_out)
-        record["time/rollout"] = max(o["compute_s"] for o in roll_out)
-        record["time/rollout_per_env_worker"] = max(o["time_infer"] for o in env_out)
-        record["time/trajectory_put"] = max(o["time_put"] for o in env_out)
-        record["time/actor"] = max(a["time/actor_train"] for a in act_out)
-        record["time/actor_wait"] = min(a["time/actor_wait"] for a in act_out)
-        record["time/weight_sync"] = t_sync
-        record["time/iteration"] = t_iter
-        record["perf/env_steps_per_s"] = steps / t_iter
-        record["perf/collect_steps_per_s"] = steps / max(1e-9, h_env.duration)
-        record["mem/env_peak_rss_mb"] = max(o["peak_rss_mb"] for o in env_out)
-        record["mem/rollout_peak_rss_mb"] = max(o["peak_rss_mb"] for o in roll_out)
-        record["mem/actor_peak_rss_mb"] = max(a["peak_rss_mb"] for a in act_out)
+        return {**prefixed_means(act_out, "train/"), "samples/produced": steps,
+                "samples/trained": sum(x[2] for x in received), "samples/trajectories": len(received)}
+
+    def _stage_metrics(self, h_env, env_out, roll_out, act_out, clock: StageClock, steps: int) -> dict:
+        """Stage times (each the slowest rank's), throughput and memory of one iteration."""
+        t_iter = clock.elapsed()
+        record = {**clock.record(), "time/iteration": t_iter, "time/collect": h_env.duration,
+                  "time/env": worst(env_out, "time/env"), "time/env_wait_action": worst(env_out, "time/wait_action"),
+                  "time/rollout": worst(roll_out, "time/compute"), "time/rollout_per_env_worker": worst(env_out, "time/infer"),
+                  "time/trajectory_put": worst(env_out, "time/put"), "time/actor": worst(act_out, "time/actor_train"),
+                  "time/actor_wait": min(a["time/actor_wait"] for a in act_out),
+                  "perf/env_steps_per_s": steps / t_iter, "perf/collect_steps_per_s": steps / max(1e-9, h_env.duration),
+                  "mem/env_peak_rss_mb": worst(env_out, "peak_rss_mb"), "mem/rollout_peak_rss_mb": worst(roll_out, "peak_rss_mb"),
+                  "mem/actor_peak_rss_mb": worst(act_out, "peak_rss_mb")}
         for key in ("device/allocated_mb", "device/peak_mb"):
             if key in act_out[0]:
-                record[f"mem/actor_{key.split('/')[1]}"] = max(a[key] for a in act_out)
-        record["plan/env_workers"] = self.flow.num_env
-        record["plan/rollout_workers"] = self.flow.num_rollout
-        record["plan/micro_batches"] = self.flow.micro_batches
-        record["plan/fused"] = int(self.flow.fused)
-        record["plan/rollout_offloaded"] = int(offloaded)
-        if record_actor_offload is not None:
-            record["mem/actor_device_mb_before_offload"] = record_actor_offload["before"]
-            record["mem/actor_device_mb_after_offload"] = record_actor_offload["after"]
-        if offloaded:
-            record["mem/rollout_released_params"] = sum(r["released_params"] for r in released)
-        if self.prediction is not None and self.prediction.plan == self.flow:
+                record[f"mem/actor_{key.split('/')[1]}"] = worst(act_out, key)
+        return record
+
+    def _plan_metrics(self, shared: bool, released, moved, t_iter: float) -> dict:
+        """The layout this iteration ran under, what moved off the shared slots, and the planner's prediction."""
+        f = self.flow
+        record = {"plan/env_workers": f.num_env, "plan/rollout_workers": f.num_rollout, "plan/micro_batches": f.micro_batches,
+                  "plan/fused": int(f.fused), "plan/rollout_offloaded": int(shared)}
+        if moved is not None:
+            record["mem/actor_device_mb_before_offload"] = max(m["before"].get("allocated_mb", 0.0) for m in moved)
+            record["mem/actor_device_mb_after_offload"] = max(m["after"].get("allocated_mb", 0.0) for m in moved)
+        if released is not None:
+            record["mem/rollout_released_params"] = total(released, "released_params")
+        if self.prediction is not None and self.prediction.plan == f:
             record["plan/predicted_iteration"] = self.prediction.iteration
             record["plan/error"] = abs(self.prediction.iteration - t_iter) / t_iter
+        return record
+
+    def _trace_iteration(self, trace: Trace, t0: float, t_trained: float, h_env, env_out, roll_out, act_out) -> None:
         for rank, (o, d) in enumerate(zip(env_out, h_env.durations)):
             trace.span(f"env[{rank}]", h_env.method, t0, d, {"plan": self.flow.label()})
             for name, start, dur in o["events"] or []:
@@ -379,10 +381,7 @@ class OnPolicyRunner(RunnerBase):
             for name, start, dur in o["events"] or []:
                 trace.span(f"rollout[{rank}]", name, start, dur)
         for rank, a in enumerate(act_out):
-            trace.span(f"actor[{rank}]", "train", t1 - a["time/actor_train"], a["time/actor_train"])
-        trace.span("driver", "weight_sync", t1, t_sync)
-        final = self.iteration >= self.iterations or self.env_steps >= cfg.train.total_env_steps
-        return self._finish_record(record, metrics, trace, progress, final)
+            trace.span(f"actor[{rank}]", "train", t_trained - a["time/actor_train"], a["time/actor_train"])
 
     def actor_shares_rollout_slots(self) -> bool:
         return bool(set(self.actor.placement.slots) & set(self.flow.rollout_slots))

@@ -99,3 +99,14 @@ def share_packet(packet: WeightPacket) -> WeightPacket:
     if not ray.is_initialized():
         return packet
     return WeightPacket(packet.version, packet.checksum, [ray.put(b) for b in packet.buckets])
+
+
+class WeightSyncError(RuntimeError):
+    """A rollout worker ended up with weights whose checksum is not the actor's."""
+
+
+def verify_sync(packet: WeightPacket, checksums: list[str]) -> None:
+    """The one check every runner makes after a weight sync: each receiver's checksum of what it
+    loaded equals the packet's (the actor's)."""
+    if any(c != packet.checksum for c in checksums):
+        raise WeightSyncError(f"weight sync v{packet.version}: rollout checksums {checksums} != actor {packet.checksum}")

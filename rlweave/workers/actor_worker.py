@@ -27,6 +27,7 @@ from rlweave.models.flat import FlatParameters
 from rlweave.utils.memory import device_memory_mb, peak_rss_mb
 from rlweave.workers.channels import ChannelSpec
 from rlweave.sync.weights import WeightPacket, pack_state, share_packet
+from rlweave.cluster.dispatch import group_method
 
 
 class ActorWorker(Worker):
@@ -73,15 +74,17 @@ class ActorWorker(Worker):
         random.seed(seed * 31 + self.rank)
 
     # ------------------------------------------------------------------ training
-    def train(self, version: int, progress: float = 0.0, num_trajectories: int | None = None) -> dict:
+    @group_method("all", blocking=False)
+    def train(self, version: int, progress: float = 0.0, num_env_workers: int | None = None) -> dict:
         """One iteration of updates on this rank's trajectories. ``progress`` is the fraction of the
         run's env-step budget already spent (drives learning-rate and clip annealing);
-        ``num_trajectories``: how many env workers send to this rank this iteration (it changes when
-        the env group is scaled; default: the count given at start)."""
+        ``num_env_workers``: the env group's size this iteration (it changes when the env group is
+        scaled; env worker e sends to rank e % world size; default: the count given at start)."""
         if version != self.version:
             raise RuntimeError(f"actor holds policy version {self.version}, asked to train version {version}")
         t0 = time.perf_counter()
-        expected = self.trajectories_per_rank if num_trajectories is None else num_trajectories
+        expected = (self.trajectories_per_rank if num_env_workers is None
+                    else sum(1 for e in range(num_env_workers) if e % self.world_size == self.rank))
         envelopes = self.traj_ch.get_batch_envelopes(float(expected), key=self.rank)
         stale = [e.version for e in envelopes if e.version != self.version]
         if stale:
@@ -244,6 +247,7 @@ class ActorWorker(Worker):
         return out
 
     # ------------------------------------------------------------------ device turns
+    @group_method("all")
     def offload(self) -> dict:
         """Moves the model and the optimizer state to host memory while the device is another
         group's turn (a GPU shared with the rollout); ``train`` brings them back. A no-op on CPU,
@@ -255,6 +259,7 @@ class ActorWorker(Worker):
             self.offloaded = True
         return {"before": before, "after": device_memory_mb(self.device)}
 
+    @group_method("all")
     def onload(self) -> None:
         if self.offloaded:
             self._move(self.device)
@@ -269,9 +274,11 @@ class ActorWorker(Worker):
                     state[k] = v.to(device)
 
     # ------------------------------------------------------------------ weights and state
+    @group_method("rank0")
     def export_weights(self) -> WeightPacket:
         return share_packet(pack_state(self.policy, self.version))
 
+    @group_method("rank0")
     def state_dict(self) -> dict:
         return {
             "policy": self.policy.state_dict(),
@@ -285,6 +292,7 @@ class ActorWorker(Worker):
             },
         }
 
+    @group_method("all")
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])

@@ -14,6 +14,7 @@ from rlweave.utils.memory import peak_rss_mb
 from rlweave.workers.channels import ChannelSpec
 from rlweave.data.replay import NStepWriter
 from rlweave.sync.weights import WeightPacket
+from rlweave.cluster.dispatch import group_method
 
 
 class EnvWorker(Worker):
@@ -57,10 +58,12 @@ class EnvWorker(Worker):
         self.random_rng = np.random.default_rng([seed, self.rank, 7])  # warm-up actions
 
     # -- the two ways of collecting ------------------------------------------------------------
+    @group_method("all", blocking=False)
     def collect(self, num_steps: int, version: int) -> dict:
         """``num_steps`` decisions on every env (continuing episodes across iterations)."""
         return self._run(num_steps, version, episodic=None)
 
+    @group_method("all", blocking=False)
     def collect_episodes(self, max_steps: int, version: int, group_size: int) -> dict:
         """One episode per env from a reset; envs in a group of ``group_size`` share the reset seed
         (GRPO). Stops when every episode ended or after ``max_steps`` decisions."""
@@ -108,7 +111,7 @@ class EnvWorker(Worker):
                 w0 = time.perf_counter()
                 reply, _ = self.rollout.result(pending[j])
                 w1 = time.perf_counter()
-                t_infer += reply["compute_s"]
+                t_infer += reply["time/compute"]
                 if "action" not in buf:
                     for key in ("action", "log_prob", "value"):
                         buf[key] = np.zeros((num_steps, n, *reply[key].shape[1:]), dtype=reply[key].dtype)
@@ -163,16 +166,17 @@ class EnvWorker(Worker):
             "decisions": int(mask[:steps].sum()) if episodic is not None else steps * n,
             "episodes": stats,
             "dropped_episodes": env.dropped_episodes - start_dropped,
-            "time_env": t_env,
-            "time_wait_action": t_wait,
-            "time_infer": t_infer,
-            "time_put": t_put,
+            "time/env": t_env,
+            "time/wait_action": t_wait,
+            "time/infer": t_infer,
+            "time/put": t_put,
             "rollout_rank": self.rollout.rank,
             "micro_batches": k,
             "peak_rss_mb": peak_rss_mb(),
             "events": events,
         }
 
+    @group_method("all")
     def configure_expert(self, expert: str, gate: str = "none", threshold: float = 0.5, operator: str | None = None) -> None:
         """Imitation: the expert that labels this worker's states, and the intervention gate."""
         from rlweave.data.experts import load_expert, load_gate
@@ -180,6 +184,7 @@ class EnvWorker(Worker):
         self.expert = load_expert(expert, self.env.single_observation_space, self.env.single_action_space)
         self.gate = load_gate(gate, threshold, operator)
 
+    @group_method("all", blocking=False)
     def collect_transitions(self, num_steps: int, n_step: int = 1, random_actions: bool = False,
                             labelling: str | None = None, beta: float = 0.0, weights: WeightPacket | None = None) -> dict:
         """Off-policy collection: ``num_steps`` decisions on every env with the rollout worker's
@@ -218,7 +223,7 @@ class EnvWorker(Worker):
             else:
                 reply, _ = self.rollout.result(self._request(obs, slice(0, n), None, t))
                 action, version = reply["action"], int(reply["version"])
-                t_infer += reply["compute_s"]
+                t_infer += reply["time/compute"]
             stored = None
             if labelling is not None:
                 label = np.asarray(self.expert(obs), dtype=np.float32).reshape(n, env.chunk, *space.shape)
@@ -259,11 +264,11 @@ class EnvWorker(Worker):
             "versions": sorted(versions),
             "episodes": env.episode_stats(),
             "dropped_episodes": env.dropped_episodes - start_dropped,
-            "time_env": t_env,
-            "time_wait_action": t_wait,
-            "time_infer": t_infer,
-            "time_put": t_put,
-            "time_weight_load": t_load,
+            "time/env": t_env,
+            "time/wait_action": t_wait,
+            "time/infer": t_infer,
+            "time/put": t_put,
+            "time/weight_load": t_load,
             "weights_checksum": loaded,
             "peak_rss_mb": peak_rss_mb(),
         }
@@ -276,10 +281,12 @@ class EnvWorker(Worker):
         rows = (envs.start, envs.stop, self.env.num_envs)
         return self.rollout.submit("infer", np.ascontiguousarray(obs), version, noise_seed, rows)
 
+    @group_method("peers")
     def configure_rollout(self, rollout: Peer) -> None:
         """The rollout worker this env worker asks for actions (set after a plan switch)."""
         self.rollout = rollout
 
+    @group_method("all")
     def configure(
         self,
         micro_batches: int | None = None,
@@ -303,11 +310,13 @@ class EnvWorker(Worker):
             self.actor_rank = self.rank % num_actor_workers
 
     # -- evaluation ----------------------------------------------------------------------------
+    @group_method("all")
     def state_dict(self) -> dict:
         return {**self.env.state_dict(), "decisions": self.decisions, "seed": self.seed,
                 "writer": self.writer.state_dict() if self.writer else None,
                 "random_rng": self.random_rng.bit_generator.state}
 
+    @group_method("per_rank")
     def load_state_dict(self, state: dict) -> None:
         self.env.load_state_dict(state)
         self.decisions = state.get("decisions", 0)

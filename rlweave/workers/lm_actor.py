@@ -36,9 +36,10 @@ from rlweave.algorithms import SFTLossInput, TokenLossInput, algorithm_loss, loa
 from rlweave.algorithms.losses import total_loss
 from rlweave.cluster import Worker
 from rlweave.models.causal_lm import (CausalLMPolicy, load_causal_lm, load_tokenizer, merged_state_dict, require_transformers,
-                                      save_pretrained, select_rows, set_attention, train_attention)
+                                      response_row_shards, save_pretrained, select_rows, set_attention, train_attention)
 from rlweave.utils.memory import peak_rss_mb
 from rlweave.sync.weights import WeightPacket, pack_state, share_packet
+from rlweave.cluster.dispatch import group_method
 
 __all__ = ["LMActorWorker", "choose_strategy"]
 
@@ -108,6 +109,7 @@ class LMActorWorker(Worker):
         self.rng = np.random.default_rng(seed * 7919 + self.rank)
 
     # ------------------------------------------------------------------ set-up
+    @group_method("all")
     def prepare(self) -> str:
         """Builds what training needs (DDP replicas or FSDP shards, the optimizer; a collective
         call: every rank at once) and returns the strategy in use."""
@@ -154,6 +156,7 @@ class LMActorWorker(Worker):
             return state
         return merged_state_dict(self.model)
 
+    @group_method("all", collect="first")
     def export_weights(self) -> WeightPacket | None:
         """The weights rollout engines load (rank 0 returns them; with FSDP every rank must take
         part in the gather, the others return None)."""
@@ -217,6 +220,7 @@ class LMActorWorker(Worker):
         return float(self.world_size * count.double() / total.clamp_min(1.0))
 
     @torch.no_grad()
+    @group_method("shard", shard=response_row_shards, collect="concat")
     def score(self, batch: dict) -> dict:
         """Trainer log-probs (the update's anchor), reference log-probs and values of this rank's
         rows, response-aligned numpy [B, R]."""
@@ -245,6 +249,7 @@ class LMActorWorker(Worker):
         with self.model.disable_adapter():  # LoRA: the frozen base is the reference
             return self._forward(rows, with_entropy=False)["logprobs"]
 
+    @group_method("shard", shard=response_row_shards)
     def update(self, batch: dict, lr_scale: float = 1.0, importance_correction: bool = False) -> dict:
         """The algorithm's epochs of minibatch updates on this rank's rows. ``batch`` holds the
         rows and, response-aligned, ``advantages``, ``rollout_logprobs`` (the behaviour policy's,
@@ -312,6 +317,7 @@ class LMActorWorker(Worker):
         metrics["peak_rss_mb"] = peak_rss_mb()
         return metrics
 
+    @group_method("shard")
     def sft_update(self, batch: dict) -> dict:
         """One supervised step: negative log-likelihood of the target tokens of this rank's rows
         (``target_mask`` [B, W], True on the tokens to learn: responses, or every example's
@@ -356,6 +362,7 @@ class LMActorWorker(Worker):
     def _sharded(self) -> bool:
         return self.strategy == "fsdp"
 
+    @group_method("all")
     def state(self) -> dict:
         """Weights, optimizer and counters. Sharded, the full weights and optimizer state are
         gathered onto rank 0; replicated, rank 0 holds them already. The other ranks return only
@@ -377,6 +384,7 @@ class LMActorWorker(Worker):
         out.update(policy=self.policy.state_dict(), optimizer=self.optimizer.state_dict())
         return out
 
+    @group_method("per_rank")
     def load_state(self, state: dict) -> None:
         """Every rank calls it with its own part (sharded: rank 0's holds the full state, which is
         broadcast and resharded)."""
@@ -400,6 +408,7 @@ class LMActorWorker(Worker):
         self.rng.bit_generator.state = state["rng"]
         torch.set_rng_state(state["torch"])
 
+    @group_method("all")
     def save_pretrained(self, path: str) -> str | None:
         """The plain model (LoRA merged) and tokenizer as a Hugging Face folder, by rank 0."""
         state = self._full_state()

@@ -16,6 +16,7 @@ from rlweave.cluster import Worker, local_worker
 from rlweave.envs.text_tasks import Prompt, RewardRunner, make_task, score_responses
 from rlweave.models.causal_lm import load_causal_lm, load_tokenizer
 from rlweave.sync.weights import WeightPacket
+from rlweave.cluster.dispatch import group_method
 
 __all__ = ["LMRolloutWorker", "make_generator"]
 
@@ -60,6 +61,7 @@ class LMRolloutWorker(Worker):
     def version(self) -> int:
         return self.generator.version
 
+    @group_method("all")
     def load_weights(self, packet: WeightPacket, after: int = 0) -> str:
         """Loads the actor's weights once this worker has finished ``after`` generations (async
         PPO sends new weights while the next batch is still being generated with the old ones);
@@ -68,6 +70,7 @@ class LMRolloutWorker(Worker):
             self._lock.wait_for(lambda: self.generations >= after)
             return self.generator.load_weights(packet)
 
+    @group_method("all")
     def share_actor_weights(self, actor_group: str) -> bool:
         """Collocated with the actor rank of the same rank number in this process: the engine's
         parameters become views of that rank's (replicated, not sharded) trainer model, so a weight
@@ -84,6 +87,7 @@ class LMRolloutWorker(Worker):
             self._actor = actor
         return True
 
+    @group_method("all")
     def follow_actor(self) -> tuple[bool, int]:
         """The weight sync of an engine sharing its actor's parameters: takes the actor's version;
         returns (still sharing, version)."""
@@ -91,17 +95,20 @@ class LMRolloutWorker(Worker):
             self.generator.version = self._actor.version
             return self.generator.shares_weights(), self.generator.version
 
+    @group_method("all")
     def engine_state(self) -> dict:
         """The weights the engine generates with (tests compare them with the actor's)."""
         with self._lock:
             return self.generator.state_dict()
 
+    @group_method("shard", blocking=False)
     def generate(self, prompts: list[Prompt], n: int, seed: int) -> dict:
         """``n`` sampled responses per prompt, scored. Token lists, behaviour log-probs, rewards,
-        the policy version that sampled them, and the time each part took."""
+        the policy version that sampled them, and the time each part took. Each rank samples with
+        ``seed + rank``, so ranks given the same call never draw the same noise."""
         with self._lock:
             try:
-                return self._generate(prompts, n, seed)
+                return self._generate(prompts, n, seed + self.rank)
             finally:
                 self.generations += 1
                 self._lock.notify_all()
@@ -109,7 +116,7 @@ class LMRolloutWorker(Worker):
     def _generate(self, prompts: list[Prompt], n: int, seed: int) -> dict:
         if not prompts:  # more workers than prompts this round
             return {"prompt_ids": [], "response_ids": [], "logprobs": [], "finished": [], "group": [], "rewards": [],
-                    "version": self.version, "reward_failures": 0, "time_generate": 0.0, "time_reward": 0.0}
+                    "version": self.version, "reward_failures": 0, "time/generate": 0.0, "time/reward": 0.0}
         t0 = time.perf_counter()
         gen = self.generator.generate([p.text for p in prompts], n=n, seed=seed)
         texts = self.generator.decode(gen)
@@ -119,9 +126,10 @@ class LMRolloutWorker(Worker):
         return {
             "prompt_ids": gen.prompt_ids, "response_ids": gen.response_ids, "logprobs": gen.logprobs,
             "finished": gen.finished, "group": gen.group, "rewards": rewards, "version": gen.version,
-            "reward_failures": self._failures() - failed, "time_generate": t1 - t0, "time_reward": time.perf_counter() - t1,
+            "reward_failures": self._failures() - failed, "time/generate": t1 - t0, "time/reward": time.perf_counter() - t1,
         }
 
+    @group_method("shard")
     def evaluate(self, prompts: list[Prompt]) -> dict:
         """Greedy answers to ``prompts`` checked against their gold answers."""
         with self._lock:

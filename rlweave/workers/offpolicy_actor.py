@@ -39,6 +39,7 @@ from rlweave.utils.precision import resolve_precision
 from rlweave.workers.update_helper import ActorPartProcess, run_part
 from rlweave.workers.update_helper import available as update_helper_available
 from rlweave.sync.weights import WeightPacket, pack_state, share_packet
+from rlweave.cluster.dispatch import group_method
 
 _BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount")
 
@@ -154,10 +155,12 @@ class OffPolicyActorWorker(Worker):
         torch.manual_seed(seed * 31 + self.rank)
         random.seed(seed * 31 + self.rank)
 
+    @group_method("all")
     def describe_precision(self) -> str:
         """What ``actor.precision`` resolved to here, for the run's start-up log."""
         return self.precision.describe(self.device)
 
+    @group_method("peers")
     def configure_replay(self, replay: Peer) -> None:
         """The replay shard this rank ingests into and samples from."""
         self.replay = replay
@@ -180,6 +183,7 @@ class OffPolicyActorWorker(Worker):
             )
         return {"ingested": got["transitions"], "staleness": staleness}
 
+    @group_method("rank0", blocking=False)
     def train(self, num_updates: int, ingest: int, max_staleness: int | None = None, export: bool = False) -> dict:
         """Ingests ``ingest`` transition batches, then runs ``num_updates`` gradient updates on
         uniformly sampled batches, and moves to the next policy version; ``export``: the reply's
@@ -260,9 +264,11 @@ class OffPolicyActorWorker(Worker):
             self._helper = None
 
     # ------------------------------------------------------------------ weights and state
+    @group_method("rank0")
     def export_weights(self) -> WeightPacket:
         return share_packet(pack_state(self.policy, self.version))
 
+    @group_method("rank0")
     def state_dict(self) -> dict:
         return {
             "policy": self.policy.state_dict(),
@@ -276,6 +282,7 @@ class OffPolicyActorWorker(Worker):
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         }
 
+    @group_method("all")
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
         if self.critic is not None:

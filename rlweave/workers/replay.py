@@ -9,6 +9,7 @@ import numpy as np
 
 from rlweave.cluster import Worker
 from rlweave.data.replay import ReplayBuffer
+from rlweave.cluster.dispatch import group_method
 from rlweave.workers.channels import ChannelSpec
 
 __all__ = ["ReplayBufferWorker"]
@@ -34,6 +35,7 @@ class ReplayBufferWorker(Worker):
             items += [e.item for e in envelopes]
         return items
 
+    @group_method("all")
     def stage(self, count: int, timeout: float = 600.0) -> int:
         """Makes sure ``count`` transition items are staged: taken out of the channel into this
         shard's checkpointed state *without* being ingested. A checkpoint then holds every
@@ -62,6 +64,7 @@ class ReplayBufferWorker(Worker):
             versions += np.unique(batch["policy_version"]).tolist()
         return {"transitions": n, "versions": sorted(set(versions))}
 
+    @group_method("all")
     def add(self, batch: dict[str, np.ndarray], source: str = "online", capacity: int | None = None) -> int:
         self.buffer.add(batch, source, capacity)
         return self.buffer.size(source)
@@ -72,9 +75,11 @@ class ReplayBufferWorker(Worker):
     def size(self, source: str | None = None) -> int:
         return self.buffer.size(source)
 
+    @group_method("all")
     def state_dict(self) -> dict[str, Any]:
         return {**self.buffer.state_dict(), "staged": list(self.staged)}
 
+    @group_method("per_rank")
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.buffer.load_state_dict(state)
         self.staged = list(state.get("staged", []))

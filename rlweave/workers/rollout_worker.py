@@ -14,6 +14,7 @@ from rlweave.cluster import Worker
 from rlweave.models import build_policy, flat_params_checksum
 from rlweave.utils.memory import device_memory_mb, peak_rss_mb
 from rlweave.sync.weights import WeightPacket, resolve_buckets, unpack_into
+from rlweave.cluster.dispatch import group_method
 
 
 class RolloutWorker(Worker):
@@ -69,21 +70,24 @@ class RolloutWorker(Worker):
             self.compute_s += spent
             if self.record_events:
                 self.events.append((f"infer {hi - lo} rows", t0, spent))
-        return {"action": action.numpy(), "log_prob": log_prob.numpy(), "value": value.numpy(), "compute_s": spent,
+        return {"action": action.numpy(), "log_prob": log_prob.numpy(), "value": value.numpy(), "time/compute": spent,
                 "version": self.version}
 
+    @group_method("all")
     def stats(self) -> dict:
         """Requests and rows answered since the last call, recorded events, peak memory."""
-        out = {"requests": self.requests, "rows": self.rows, "compute_s": self.compute_s, "peak_rss_mb": peak_rss_mb(), "events": self.events}
+        out = {"requests": self.requests, "rows": self.rows, "time/compute": self.compute_s, "peak_rss_mb": peak_rss_mb(), "events": self.events}
         out.update({f"device/{k}": v for k, v in device_memory_mb(self.device).items()})
         self.requests = self.rows = 0
         self.compute_s = 0.0
         self.events = []
         return out
 
+    @group_method("all")
     def configure(self, record_events: bool) -> None:
         self.record_events = record_events
 
+    @group_method("all")
     def offload(self) -> dict:
         """Releases the replica's weights while the device is another group's turn (the trainer's,
         when they share slots). The next ``load_weights`` brings them back: weights are re-sent
@@ -99,6 +103,7 @@ class RolloutWorker(Worker):
         self._loaded_checksum = None
         return {"released_params": released, "before": before, "after": device_memory_mb(self.device)}
 
+    @group_method("all")
     def load_weights(self, packet: WeightPacket) -> str:
         """Loads ``packet`` and returns the checksum of what it loaded. Several env workers that
         share this replica may each hand it the same packet at the start of their collection
@@ -119,12 +124,15 @@ class RolloutWorker(Worker):
             self._loaded_checksum = got
             return got
 
+    @group_method("all")
     def checksum(self) -> str:
         return flat_params_checksum(self.policy)
 
+    @group_method("all")
     def state_dict(self) -> dict:
         return {"torch_rng": torch.get_rng_state().numpy(), "version": self.version}
 
+    @group_method("per_rank")
     def load_state_dict(self, state: dict) -> None:
         torch.set_rng_state(torch.from_numpy(np.asarray(state["torch_rng"])))
         self.version = state["version"]

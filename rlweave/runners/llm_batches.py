@@ -1,0 +1,86 @@
+"""A language-model RL iteration's data, as the driver sees it: rollout outputs grouped by prompt,
+the groups as one response batch, and the iteration's metrics record built from them. Pure
+functions of their inputs, so the runner's iteration reads as the workflow."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rlweave.algorithms.llm import dynamic_sampling_mask
+from rlweave.models.causal_lm import response_batch
+
+__all__ = ["assemble", "groups_of", "rl_metrics"]
+
+
+def groups_of(gen: dict, n: int) -> list[dict]:
+    """A rollout worker's output as groups of ``n`` rows (the responses to one prompt), each
+    marked ``informative`` when its rewards are not all equal (DAPO's dynamic sampling keeps those)."""
+    rows = [{"prompt_ids": p, "response_ids": r, "logprobs": lp, "finished": f, "reward": rw, "version": gen["version"]}
+            for p, r, lp, f, rw in zip(gen["prompt_ids"], gen["response_ids"], gen["logprobs"], gen["finished"], gen["rewards"])]
+    groups = []
+    for i in range(0, len(rows), n):
+        grp = rows[i : i + n]
+        rewards = torch.tensor([r["reward"] for r in grp])
+        informative = bool(dynamic_sampling_mask(rewards, torch.zeros(len(grp), dtype=torch.long)).any())
+        groups.append({"rows": grp, "gen_version": gen["version"], "informative": informative,
+                       "reward_failures": gen["reward_failures"] if i == 0 else 0,  # counted once per worker output
+                       "time/generate": gen["time/generate"] if i == 0 else 0.0})
+    return groups
+
+
+def assemble(groups: list[dict], pad_token_id: int) -> dict:
+    """The groups' rows as one response batch (each prompt once) plus response-aligned [B, R]
+    behaviour log-probs and the per-row facts the update and the metrics need."""
+    rows = [r for g in groups for r in g["rows"]]
+    batch = response_batch([r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows], pad_token_id)
+    B, R = batch["response_ids"].shape
+    behaviour = np.zeros((B, R), dtype=np.float32)
+    for i, r in enumerate(rows):
+        behaviour[i, : len(r["logprobs"])] = r["logprobs"]
+    resp_len = batch["resp_len"]
+    return {
+        **batch, "mask": np.arange(R)[None, :] < resp_len[:, None], "behaviour_logprobs": behaviour,
+        "rewards": np.array([r["reward"] for r in rows], dtype=np.float32),
+        "group": np.array([gi for gi, g in enumerate(groups) for _ in g["rows"]], dtype=np.int64),
+        "finished": np.array([r["finished"] for r in rows]), "gen_version": np.array([r["version"] for r in rows]),
+        "reward_failures": sum(g["reward_failures"] for g in groups),
+        "width_tokens": np.array([len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows]),
+        "time/generate": sum(g["time/generate"] for g in groups),
+        "informative_groups": sum(g["informative"] for g in groups),
+    }
+
+
+def rl_metrics(batch: dict, scored: dict, scores: torch.Tensor, kl: torch.Tensor | None, outs: list[dict], times: dict,
+               epochs: int, version: int) -> dict:
+    """Rewards, lengths, the rollout-trainer log-prob gap, KL, tokens/s per stage and the actor
+    ranks' own figures (each ``time/actor_*`` the slowest rank's; the rest averaged)."""
+    m = torch.as_tensor(batch["mask"]).bool()
+    gen_tokens = int(m.sum())
+    rewards = np.asarray(batch["rewards"])
+    record = {
+        "train/reward": float(np.mean(rewards)), "train/score": float(scores.mean()),
+        "train/accuracy": float(np.mean(rewards > 0)), "train/response_length": float(np.mean(batch["resp_len"])),
+        "train/truncated_responses": float(np.mean(~np.asarray(batch["finished"]))),
+        "train/reward_error_rate": batch["reward_failures"] / max(1, len(rewards)),
+        "train/informative_groups": batch["informative_groups"],
+        "train/policy_lag": float(np.mean(version - 1 - np.asarray(batch["gen_version"]))),
+        "throughput/generate_tokens_per_s": gen_tokens / max(batch["time/generate"], 1e-9),
+        "throughput/score_tokens_per_s": int(np.sum(batch["width_tokens"])) / max(times["time/score"], 1e-9),
+        "throughput/train_tokens_per_s": int(np.sum(batch["width_tokens"])) * epochs / max(times["time/update"], 1e-9),
+    }
+    if scored:  # the train-inference gap: rollout engine vs trainer log-probs of the same tokens, same weights
+        gap = (torch.as_tensor(batch["behaviour_logprobs"]) - torch.as_tensor(scored["logprobs"])).abs()[m]
+        record["rollout/logprob_gap"] = float(gap.sum()) / max(1, gen_tokens)
+        record["rollout/logprob_gap_max"] = float(gap.max()) if gap.numel() else 0.0
+    else:  # measured inside the update, whose own forward was the anchor
+        record["rollout/logprob_gap"] = sum(o["logprob_gap_sum"] for o in outs) / max(1, gen_tokens)
+        record["rollout/logprob_gap_max"] = max(o["logprob_gap_max"] for o in outs)
+    if kl is not None:
+        record["train/kl"] = float(kl[m].mean())
+    for k, v in outs[0].items():  # time/actor_*: inside the slowest rank; time/update minus these is transfer and waiting
+        if k.startswith("time/actor_"):
+            record[k] = max(o[k] for o in outs)
+        elif isinstance(v, (int, float)) and not k.startswith(("time/", "logprob_gap")):
+            record[f"train/{k}" if not k.startswith("peak") else k] = float(np.mean([o[k] for o in outs]))
+    return record

