@@ -1,45 +1,60 @@
 """Channel throughput against raw Ray transfers of the same items, measured in one run.
 
-Moves numpy uint8 arrays (1 KB, 1 MB, 10 MB) from a producer Ray actor to the driver three ways:
+Moves numpy uint8 arrays (1 KB, 1 MB, 10 MB) from a producer Ray actor to the driver:
 
   A  channel     the producer ``Channel.put``s each item (a Ray channel, maxsize=DEPTH; each put
                  returns once the item is stored); the driver ``get``s it. Items >= 64 KiB travel
                  by the channel's default transport: on this one-node cluster, shared memory (the
                  producer copies the bytes into its arena, the driver copies them out).
-  O  object st.  as A with ``transport="object_store"``: items >= 64 KiB go by reference (producer
-                 ray.put, the ObjectRef through the channel actor, driver ray.get).
-  P  pipelined   as A, but the producer's handle has ``put_window=DEPTH/2`` and the channel
-                 ``maxsize=DEPTH/2`` (so at most DEPTH items in flight, as in B): a put returns once
-                 sent, the producer overlaps the next item with the transfer.
-  B  object ref  raw Ray: the driver calls ``producer.put_ref()``, which ``ray.put``s the item and
-                 returns the ObjectRef (wrapped in a list); the driver ``ray.get``s it. DEPTH calls in
-                 flight, so both sides can pipeline.
-  C  return      raw Ray: the driver calls ``producer.get_array()``, which returns the array (Ray
-                 stores the return value); DEPTH calls in flight.
+  O  object st.  as A with ``transport="object_store"``: items >= 64 KiB go by reference.
+  P  pipelined   as A, with ``put_window=DEPTH/2`` and ``maxsize=DEPTH/2`` (at most DEPTH items in
+                 flight): a put returns once sent, the producer overlaps the next item.
+  B  put + ref   raw Ray: ``producer.put_ref()`` ``ray.put``s the item and returns the ObjectRef (in
+                 a list); the driver ``ray.get``s both. DEPTH calls in flight.
+  C  return      raw Ray: ``producer.get_array()`` returns the array (Ray stores the return
+                 value); the driver ``ray.get``s it. DEPTH calls in flight.
+  G  compiled    Ray compiled graph (``dag.experimental_compile()``, shared-memory channels) over a
+                 producer actor of its own: ``execute(nbytes)`` then ``ray.get``, DEPTH in flight.
+                 Where it does not run, the JSON says why (``compiled_graph``).
 
-Headline: ratio = A / B throughput (rlweave channel with default, strictly-acknowledged puts / raw
-object-store transfer), median of the per-pair ratios over interleaved repeats (A O P B C, A O P B C,
-...), after a warm-up of each; ratio_object_store = O / B and ratio_pipelined = P / B likewise.
+The baseline at each size is the fastest raw-Ray pattern there (B, C or G, by median): the
+headline ``ratio_<size>`` = A / that pattern, median of the per-round ratios. The ratios against
+each pattern are written beside it. Each run moves enough items for at least 1 s of timed work
+(counts found in the warm-up, per side and size). Rounds alternate the order of the sides
+(A O P B C G, G C B P O A, ...). All sides share one consumer (this process) and one Ray
+instance, so their processes have one environment by construction; whether the array the driver
+ends up with is writable (its own copy) or a read-only view of shared memory is written per side
+(``writable_array``).
 
-    python benchmarks/channel.py [--json FILE] [--repeats N]
+    rlweave bench channel [--json FILE] [--repeats N]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import ray
 
+sys.path.append(str(Path(__file__).resolve().parent))  # `rlweave bench` loads this file by path
+import _common as C  # noqa: E402
+
 SIZES = [("1kb", 1 << 10), ("1mb", 1 << 20), ("10mb", 10 << 20)]
-# items per timed run, chosen so that one run takes roughly 0.5-1.5 s on a 2-core machine
-ITEMS = {"1kb": 300, "1mb": 100, "10mb": 30}
+START_ITEMS = {"1kb": 64, "1mb": 16, "10mb": 4}  # first guess; the warm-up doubles it to >= 1 s per run
 DEPTH = 8  # channel maxsize = raw-Ray calls in flight
+SIDES = {  # key -> (JSON name, description)
+    "A": ("channel", "rlweave Channel, default transport, acknowledged puts"),
+    "O": ("channel_object_store", "rlweave Channel, transport=object_store"),
+    "P": ("channel_pipelined", f"rlweave Channel, put_window={DEPTH // 2}, maxsize={DEPTH // 2}"),
+    "B": ("put_ref", f"raw Ray: actor ray.put + ref in a list, 2 ray.get; {DEPTH} calls in flight"),
+    "C": ("return", f"raw Ray: actor returns the array, ray.get; {DEPTH} calls in flight"),
+    "G": ("compiled_graph", f"Ray compiled graph (experimental_compile), {DEPTH} executions in flight"),
+}
+RAW = ("B", "C", "G")
 
 
 def make_producer_class():
@@ -69,175 +84,148 @@ def make_producer_class():
     return ray.remote(num_cpus=0)(Producer)
 
 
-def _check(x: np.ndarray, nbytes: int) -> None:
+def _check(x: np.ndarray, nbytes: int) -> bool:
     if x.nbytes != nbytes:  # the same (cheap) check on every side
         raise AssertionError(f"got {x.nbytes} bytes, expected {nbytes}")
+    return bool(x.flags.writeable)
 
 
-def run_channel(producer, ch, nbytes: int, n: int) -> float:
+def run_channel(producer, ch, nbytes: int, n: int) -> tuple[float, bool]:
+    """Seconds for ``n`` items, and whether the driver's arrays were writable (its own)."""
     t0 = time.perf_counter()
     done = producer.to_channel.remote(ch, nbytes, n)
-    for _ in range(n):
-        _check(ch.get(timeout=120), nbytes)
+    owns = all([_check(ch.get(timeout=120), nbytes) for _ in range(n)])
     ray.get(done)
-    return n / (time.perf_counter() - t0)
+    return time.perf_counter() - t0, owns
 
 
-def _windowed(submit, fetch, nbytes: int, n: int) -> float:
+def _windowed(submit, fetch, nbytes: int, n: int) -> tuple[float, bool]:
     t0 = time.perf_counter()
     inflight = [submit() for _ in range(min(DEPTH, n))]
-    submitted = len(inflight)
-    for _ in range(n):
-        ref = inflight.pop(0)
+    submitted, owns = len(inflight), True
+    for _ in range(n):  # fetch the oldest, then refill: never more than DEPTH in flight
+        owns = _check(fetch(inflight.pop(0)), nbytes) and owns
         if submitted < n:
             inflight.append(submit())
             submitted += 1
-        _check(fetch(ref), nbytes)
-    return n / (time.perf_counter() - t0)
+    return time.perf_counter() - t0, owns
 
 
-def run_object_ref(producer, nbytes: int, n: int) -> float:
-    return _windowed(lambda: producer.put_ref.remote(nbytes), lambda r: ray.get(ray.get(r)[0]), nbytes, n)
+def compile_graph(producer_cls, sizes: list[int]):
+    """A compiled graph over a producer of its own (an actor in a compiled graph serves only
+    it), or the reason it does not run here."""
+    try:
+        from ray.dag import InputNode
+
+        producer = producer_cls.remote(sizes)
+        ray.get(producer.ready.remote())
+        with InputNode() as inp:
+            dag = producer.get_array.bind(inp)
+        return dag.experimental_compile(_max_inflight_executions=DEPTH), producer, None
+    except Exception as e:  # noqa: BLE001 - any failure means "not on this machine"; recorded
+        return None, None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
-def run_return(producer, nbytes: int, n: int) -> float:
-    return _windowed(lambda: producer.get_array.remote(nbytes), ray.get, nbytes, n)
-
-
-def _ratio_summary(ratios: list[float]) -> dict:
-    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
-
-
-SIDES = [  # key, JSON name, table heading
-    ("A", "channel", "A channel"),
-    ("O", "channel_object_store", "O chan. obj. store"),
-    ("P", "channel_pipelined", "P chan. pipelined"),
-    ("B", "object_ref", "B ray.put+ref"),
-    ("C", "actor_return", "C actor return"),
-]
-
-
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> int:
     from rlweave.channel import DEFAULT_REF_THRESHOLD, Channel
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="rlweave bench channel", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", metavar="FILE", help="write the headline figures as one JSON object")
-    ap.add_argument("--repeats", type=int, default=5, help="interleaved A/O/P/B/C repeats (>= 3)")
-    ap.add_argument("--scale", type=float, default=1.0, help="multiply the items per run")
+    ap.add_argument("--repeats", type=int, default=5, help="measured rounds (>= 3)")
+    ap.add_argument("--min-seconds", type=float, default=C.MIN_TIMED_S, help="least timed work per run (default 1 s)")
+    ap.add_argument("--no-compiled-graph", action="store_true", help="leave out the Ray compiled-graph side")
     args = ap.parse_args(argv)
-    items = {k: max(3, int(v * args.scale)) for k, v in ITEMS.items()}
     half = DEPTH // 2
-
-    started_ray = False
-    if not ray.is_initialized():
+    started_ray = not ray.is_initialized()
+    if started_ray:
         ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-        started_ray = True
-
-    print("channel benchmark: numpy uint8 items, producer Ray actor -> driver")
-    print(f"  ray {ray.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}, cpus {os.cpu_count()}")
-    print(f"  OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')} (no torch compute on any side)")
-    print(f"  items per run: {items}; B, C: {DEPTH} calls in flight")
-    print(f"  A, O: channel maxsize={DEPTH}, put_window=0;  P: channel maxsize={half}, put_window={half}")
-    print(f"  repeats: {args.repeats} interleaved A O P B C after one warm-up of each")
-    print(f"  channel threshold: {DEFAULT_REF_THRESHOLD} bytes (1 KB inline, 1 MB and 10 MB by the transport)")
-    print("  processes: A, O, P = producer actor + channel actor + driver (3); B, C = producer actor + driver (2)")
-
-    producer = make_producer_class().remote([nbytes for _, nbytes in SIZES])
+    cls = make_producer_class()
+    producer = cls.remote([nbytes for _, nbytes in SIZES])
     ray.get(producer.ready.remote())
     tag = f"{os.getpid()}-{time.time_ns()}"
     ch = Channel.create(f"bench-channel-{tag}", maxsize=DEPTH)
     cho = Channel.create(f"bench-channel-object-store-{tag}", maxsize=DEPTH, transport="object_store")
     chp = Channel.create(f"bench-channel-pipelined-{tag}", maxsize=half, put_window=half)
     ch.qsize(), cho.qsize(), chp.qsize()  # all actors up before timing
-    print(f"  transports: A, P {ch.transport}; O {cho.transport}")
+    graph, graph_producer, graph_error = (None, None, "left out (--no-compiled-graph)") if args.no_compiled_graph else \
+        compile_graph(cls, [nbytes for _, nbytes in SIZES])
     runs = {
         "A": lambda nbytes, n: run_channel(producer, ch, nbytes, n),
         "O": lambda nbytes, n: run_channel(producer, cho, nbytes, n),
         "P": lambda nbytes, n: run_channel(producer, chp, nbytes, n),
-        "B": lambda nbytes, n: run_object_ref(producer, nbytes, n),
-        "C": lambda nbytes, n: run_return(producer, nbytes, n),
+        "B": lambda nbytes, n: _windowed(lambda: producer.put_ref.remote(nbytes), lambda r: ray.get(ray.get(r)[0]), nbytes, n),
+        "C": lambda nbytes, n: _windowed(lambda: producer.get_array.remote(nbytes), ray.get, nbytes, n),
     }
-    results = {label: {side: [] for side, *_ in SIDES} for label, _ in SIZES}
+    if graph is not None:
+        runs["G"] = lambda nbytes, n: _windowed(lambda: graph.execute(nbytes), ray.get, nbytes, n)
+    sides = list(runs)
+    configs = {SIDES[s][0]: {"key": s, "what": SIDES[s][1]} for s in sides}
+    out = C.report("channel", argv, "items/s producer actor -> driver; ratio_<size> = median over rounds of channel (A) / "
+                   "the fastest raw-Ray pattern at that size (B, C or G)", configs, args.repeats)
+    out["protocol"]["each_side_in_own_process"] = "all sides: one consumer (the driver) and one Ray instance; producers are actors"
+    print("channel benchmark: numpy uint8 items, producer Ray actor -> driver")
+    print(f"  {out['environment']['cpu_model']}, {out['environment']['cpus']} cpus, ray {ray.__version__}; sides: "
+          + "; ".join(f"{s} {SIDES[s][1]}" for s in sides))
+    print(f"  compiled graph: {'runs' if graph is not None else graph_error}; transports: A, P {ch.transport}; O {cho.transport}")
+    print(f"  order of the rounds: {' | '.join(out['protocol']['order'])}")
+    items: dict[str, dict[str, int]] = {}
+    results = {label: {s: [] for s in sides} for label, _ in SIZES}
+    owns: dict[str, bool] = {}
     t_start = time.perf_counter()
     try:
-        for label, nbytes in SIZES:  # warm-up (discarded)
-            for side, *_ in SIDES:
-                runs[side](nbytes, max(3, items[label] // 5))
-        for _ in range(max(1, args.repeats)):
+        for label, nbytes in SIZES:  # warm-up: finds each side's items per run (discarded)
+            items[label] = {s: C.grow_until(lambda k, s=s: runs[s](nbytes, k)[0], START_ITEMS[label], args.min_seconds)
+                            for s in sides}
+        print(f"  items per run (>= {args.min_seconds:g} s each): {items}")
+        for order in C.pair_order(sides, args.repeats):
             for label, nbytes in SIZES:
-                for side, *_ in SIDES:
-                    results[label][side].append(runs[side](nbytes, items[label]))
+                for s in order:
+                    seconds, own = runs[s](nbytes, items[label][s])
+                    results[label][s].append(items[label][s] / seconds)
+                    owns[s] = own
         stats = ch.stats()
     finally:
-        ch.close()
-        cho.close()
-        chp.close()
+        for c in (ch, cho, chp):
+            c.close()
+        if graph is not None:
+            graph.teardown()
+            ray.kill(graph_producer)
         ray.kill(producer)
         if started_ray:
             ray.shutdown()
     elapsed = time.perf_counter() - t_start
-
-    out: dict = {
-        "benchmark": "channel",
-        "baseline": "raw Ray object-store transfer (producer ray.put + ref, consumer ray.get)",
-        "settings": {
-            "items": items,
-            "depth": DEPTH,
-            "repeats": args.repeats,
-            "ref_threshold": DEFAULT_REF_THRESHOLD,
-            "pipelined": {"maxsize": half, "put_window": half},
-            "transport": ch.transport,
-        },
-        "channel_puts_shm": stats["puts_shm"],
-        "channel_puts_by_ref": stats["puts_by_ref"],
-        "channel_puts_inline": stats["puts_inline"],
-    }
-    header = " | ".join([f"{'size':>5}"] + [f"{h:>20}" for *_, h in SIDES])
-    header += f" | {'A/B median (min-max)':>21} | {'O/B':>5} | {'P/B median (min-max)':>21} | {'A/C':>5}"
-    print()
-    print("medians, items/s (MB/s):")
-    print(header)
-    print("-" * len(header))
+    out.update({"baseline": "the fastest raw-Ray pattern at each size (put_ref, return or compiled_graph)",
+                "compiled_graph": {"ran": graph is not None, "reason": graph_error},
+                "settings": {"items_per_run": items, "depth": DEPTH, "repeats": args.repeats, "ref_threshold": DEFAULT_REF_THRESHOLD,
+                             "pipelined": {"maxsize": half, "put_window": half}, "transport": ch.transport},
+                "writable_array": {SIDES[s][0]: owns.get(s) for s in sides},
+                "channel_puts": {k: stats.get(k) for k in ("puts_shm", "puts_by_ref", "puts_inline")}})
+    print("\nmedians, items/s (MB/s); ratios over rounds against the fastest raw pattern")
     for label, nbytes in SIZES:
         r = results[label]
-        med = {side: statistics.median(v) for side, v in r.items()}
-        ab = _ratio_summary([a / b for a, b in zip(r["A"], r["B"])])
-        ob = _ratio_summary([o / b for o, b in zip(r["O"], r["B"])])
-        pb = _ratio_summary([p / b for p, b in zip(r["P"], r["B"])])
-        ac = _ratio_summary([a / c for a, c in zip(r["A"], r["C"])])
-        mb = nbytes / 1e6
-        cells = [f"{med[side]:9.1f} ({med[side] * mb:8.1f})" for side, *_ in SIDES]
-        rat = lambda x: f"{x['median']:5.2f} ({x['min']:.2f}-{x['max']:.2f})".ljust(21)  # noqa: E731
-        print(" | ".join([f"{label:>5}"] + cells + [rat(ab), f"{ob['median']:5.2f}", rat(pb), f"{ac['median']:5.2f}"]))
-        out[f"ratio_{label}"] = ab["median"]
-        out[f"ratio_{label}_min"] = ab["min"]
-        out[f"ratio_{label}_max"] = ab["max"]
-        out[f"ratio_object_store_{label}"] = ob["median"]
-        out[f"ratio_pipelined_{label}"] = pb["median"]
-        out[f"ratio_pipelined_{label}_min"] = pb["min"]
-        out[f"ratio_pipelined_{label}_max"] = pb["max"]
-        out[f"ratio_vs_return_{label}"] = ac["median"]
-        for side, name, _ in SIDES:
-            out[f"{name}_items_per_s_{label}"] = med[side]
-            out[f"{name}_mb_per_s_{label}"] = med[side] * mb
-    out["elapsed_s"] = elapsed
-    print()
-    for key, what in (
-        ("ratio", f"channel ({ch.transport})"),
-        ("ratio_object_store", "channel (object store)"),
-        ("ratio_pipelined", f"pipelined channel ({ch.transport})"),
-    ):
-        print(
-            f"{key}: {what} / raw Ray object-store transfer, median of {args.repeats} pairs: "
-            + ", ".join(f"{label} {out[f'{key}_{label}']:.2f}" for label, _ in SIZES)
-        )
-    print(f"[{elapsed:.0f} s timed; python benchmarks/channel.py]")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
-        print(f"wrote {args.json}")
-    return out
+        raw = {SIDES[s][0]: r[s] for s in RAW if s in r}
+        head = C.ratio_vs_fastest(r["A"], raw)
+        out[f"ratio_{label}"], out[f"ratio_{label}_min"], out[f"ratio_{label}_max"] = head["median"], head["min"], head["max"]
+        out[f"baseline_{label}"] = head["baseline"]
+        for name, v in head["against"].items():
+            out[f"ratio_vs_{name}_{label}"] = v
+        for s, key in (("O", "ratio_object_store"), ("P", "ratio_pipelined")):
+            out[f"{key}_{label}"] = C.ratio_stats(r[s], raw[head["baseline"]])["median"]
+        for s in sides:
+            out[f"{SIDES[s][0]}_items_per_s_{label}"] = C.median(r[s])
+            out[f"{SIDES[s][0]}_mb_per_s_{label}"] = C.median(r[s]) * nbytes / 1e6
+        cells = "  ".join(f"{s} {C.median(r[s]):8.1f} ({C.median(r[s]) * nbytes / 1e6:7.1f})" for s in sides)
+        print(f"  {label:>5}  {cells}")
+        print(f"         A / {head['baseline']} {C.fmt_ratio(head)}; "
+              + ", ".join(f"vs {n} {v:.2f}" for n, v in head["against"].items())
+              + f"; O {out[f'ratio_object_store_{label}']:.2f}, P {out[f'ratio_pipelined_{label}']:.2f}")
+    out.update({"ratio": out["ratio_10mb"], "runs": results, "elapsed_s": elapsed})
+    print(f"\nratio (channel / fastest raw Ray, 10 MB), median of {args.repeats} rounds: {out['ratio_10mb']:.2f} "
+          f"[{elapsed:.0f} s; {out['command']}]")
+    C.write_json(args.json, out)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

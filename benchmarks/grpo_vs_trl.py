@@ -1,104 +1,129 @@
-"""GRPO throughput: rlweave vs TRL's ``GRPOTrainer`` on the same tiny Qwen3, same work.
+"""GRPO throughput: rlweave vs TRL's ``GRPOTrainer`` on the same Qwen3, same work, same layouts.
 
 Both sides start from one Hugging Face folder (a Qwen3 built here with random weights and a
 tokenizer trained here), draw their prompts from the same arithmetic problems, and run the same
 number of GRPO steps: ``--prompts`` prompts x ``--group`` responses of exactly ``--tokens`` new
 tokens each (``min_new_tokens = max_new_tokens`` on both sides, so response lengths match), one
-optimizer step per batch, no KL term, no evaluation, sampling at temperature 1. Both sides get the
-same cores and the same total torch thread count (``--threads``): TRL in one process with all of
-them; rlweave in ``--ranks`` worker processes (default 2, one per core), each holding an actor
-rank and a rollout engine with ``threads / ranks`` threads, the actor ranks replicated
-(``actor.strategy=ddp``: one gradient all-reduce per step), plus the driver and Ray's own
-processes, which are part of the result. ``--ranks 1`` runs rlweave in one process like TRL.
+optimizer step per batch (AdamW), no KL term, no evaluation, sampling at temperature 1, float32,
+no gradient checkpointing (TRL: ``gradient_checkpointing=False``, written down because its
+default has changed between releases).
+
+Layouts (``--layouts``, default both), each measured on both sides, on the same cores:
+
+  2x1  two processes of one thread each. rlweave: two worker processes, each an actor rank
+       (``actor.strategy=ddp``: one gradient all-reduce per step) with a rollout engine beside it;
+       TRL: ``accelerate launch --multi_gpu --num_processes 2`` (on a machine without GPUs this
+       starts TRL's documented data-parallel run on CPU: two processes, gloo; ``--cpu`` would
+       start only one here, as accelerate runs several CPU processes through mpirun).
+  1x2  one process of two threads. rlweave: one worker process (actor and rollout collocated);
+       TRL: ``python`` with ``torch.set_num_threads(2)``.
+
+The two sides of one layout run with the same environment (``_common.side_env``: threads, the
+glibc malloc settings rlweave gives its workers, flush-denormal); rlweave's driver and Ray's own
+processes are part of its result.
 
 The figure is the whole GRPO loop (generation + scoring + update + weight sync), measured from
 the end of the first step to the end of the last (the first step's start-up is excluded on both
-sides): completions/s and generated tokens/s, median of ``--repeats`` interleaved pairs after a
-discarded warm-up of each side, and the median per-pair ratio rlweave / TRL.
+sides): completions/s and generated tokens/s. Headline ``ratio``: the faster rlweave layout
+against the faster TRL layout (each side at its best); ``ratio_<layout>`` matches layouts.
+Median of ``--repeats`` rounds (A B C D, D C B A, ...) after a discarded warm-up of each side.
 
-    rlweave bench grpo_vs_trl --steps 8 --repeats 3 --json F
+``--model large`` is the larger point: ~25M parameters (hidden 512, 8 layers) and 64-token
+responses, where per-operation overhead matters less.
+
+    rlweave bench grpo-vs-trl [--json FILE] [--steps 8] [--repeats 3] [--layouts 2x1,1x2] [--model small|large]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
+import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+sys.path.append(str(Path(__file__).resolve().parent))  # `rlweave bench` loads this file by path
+import _common as C  # noqa: E402
+
+MODELS = {  # name -> (architecture sizes, default prompts, default tokens)
+    "small": (dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=256, max_positions=64), 16, 16),
+    "large": (dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=1536, max_positions=128), 8, 64),
+}
 
 
-def _load_common():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("rlweave_bench_common", HERE / "_common.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def make_model(folder: Path, seed: int = 0) -> None:
-    """The shared starting point: a qwen3 of the grpo-arith recipe's size, random weights."""
+def make_model(folder: Path, model: str, seed: int = 0) -> int:
+    """The shared starting point: a Qwen3 of the chosen size, random weights. Returns its parameters."""
     from rlweave.envs.text_tasks import ArithmeticTask
     from rlweave.models.causal_lm import build_causal_lm, save_pretrained, train_tokenizer
 
     task = ArithmeticTask(ops=("+",), min_digits=2, max_digits=2)
     tok = train_tokenizer([p.text + p.answer for p in task.prompts("train", 2000, seed)], vocab_size=320)
-    model = build_causal_lm(len(tok), arch="qwen3", hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
-                            intermediate_size=256, max_positions=64, seed=seed)
-    save_pretrained(model, tok, folder)
+    net = build_causal_lm(len(tok), arch="qwen3", seed=seed, **MODELS[model][0])
+    save_pretrained(net, tok, folder)
+    return sum(p.numel() for p in net.parameters())
+
+
+def parse_layout(layout: str) -> tuple[int, int]:
+    procs, threads = layout.split("x")
+    return int(procs), int(threads)
 
 
 # --------------------------------------------------------------------------- the two sides
 def placement_overrides(ranks: int, threads: int) -> list[str]:
     """``ranks`` processes on slots 0..ranks-1, each an actor rank with a rollout engine beside it."""
-    slots, per = ",".join(str(i) for i in range(ranks)), max(1, threads // ranks)
+    slots = ",".join(str(i) for i in range(ranks))
     return [f"actor.num_workers={ranks}", f"rollout.num_workers={ranks}", "actor.strategy=ddp", "placement.mode=collocated",
-            f"placement.groups.actor={{slots: '{slots}', threads: {per}}}",
-            f"placement.groups.rollout={{slots: '{slots}', threads: {per}}}"]
+            f"placement.groups.actor={{slots: '{slots}', threads: {threads}}}",
+            f"placement.groups.rollout={{slots: '{slots}', threads: {threads}}}"]
 
 
-def run_rlweave(folder: str, a) -> dict:
+def run_rlweave(folder: str, layout: str, steps: int, prompts: int, group: int, tokens: int, lr: float, seed: int,
+                device: str = "cpu") -> dict:
+    """One rlweave run, its driver in this (side) process. On ``cuda`` the cluster's slots are its
+    GPUs (Ray finds them), so the same placement puts each rank on a GPU."""
+    from omegaconf import OmegaConf
+
+    from rlweave.cli import main as cli
+
+    ranks, threads = parse_layout(layout)
     run_dir = Path(tempfile.mkdtemp(prefix="bench-grpo-rlweave-"))
-    cmd = [sys.executable, "-m", "rlweave.cli", "train", "grpo-arith", f"run.dir={run_dir}", f"init.checkpoint={folder}",
-           "run.progress=false", "run.tensorboard=false", f"seed={a.seed}",
-           f"rollout.prompts_per_iteration={a.prompts}", f"algorithm.group_size={a.group}",
-           f"rollout.max_new_tokens={a.tokens}", f"rollout.min_new_tokens={a.tokens}", f"algorithm.minibatch_size={a.prompts * a.group}",
-           "algorithm.epochs=1", "algorithm.kl_coef=0", f"algorithm.lr={a.lr}", f"train.total_iterations={a.steps}",
-           "train.eval_every=0", "train.checkpoint_every=0", *placement_overrides(a.ranks, a.threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "RAY_ADDRESS": "local"})
-    if proc.returncode != 0:
-        raise RuntimeError(f"rlweave side failed: {proc.stderr.strip().splitlines()[-3:]}")
+    rc = cli(["train", "grpo-arith", f"run.dir={run_dir}", f"init.checkpoint={folder}", "run.progress=false",
+              "run.tensorboard=false", f"seed={seed}", f"rollout.prompts_per_iteration={prompts}", f"algorithm.group_size={group}",
+              f"rollout.max_new_tokens={tokens}", f"rollout.min_new_tokens={tokens}", f"algorithm.minibatch_size={prompts * group}",
+              "algorithm.epochs=1", "algorithm.kl_coef=0", f"algorithm.lr={lr}", f"train.total_iterations={steps}",
+              "train.eval_every=0", "train.checkpoint_every=0", *placement_overrides(ranks, threads),
+              *(["cluster.num_gpus=0"] if device == "cpu" else [])])
+    if rc:
+        raise RuntimeError(f"rlweave train exited {rc}")
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     rows = [r for r in rows if r["iteration"] >= 1]
     seconds = rows[-1]["wall_time"] - rows[0]["wall_time"]
     later = rows[1:]
-    tokens = sum(r["train/response_length"] * a.prompts * a.group for r in later)
-    return {"seconds": seconds, "completions": len(later) * a.prompts * a.group, "tokens": tokens}
+    resolved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
+    return {"timed_s": seconds, "completions": len(later) * prompts * group,
+            "tokens": sum(r["train/response_length"] * prompts * group for r in later),
+            "effective": {k: resolved.get(k) for k in ("actor", "rollout", "algorithm", "placement", "model")}}
 
 
-def run_trl(folder: str, a) -> dict:
-    """In this process (called through ``--side trl`` in a fresh one)."""
+def run_trl(folder: str, layout: str, steps: int, prompts: int, group: int, tokens: int, lr: float, seed: int,
+            device: str = "cpu") -> dict | None:
+    """One TRL run in this (side) process, or in each process of an ``accelerate launch``
+    (only rank 0 returns the figures)."""
     import torch
     import transformers
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlweave.envs.text_tasks import ArithmeticTask
+    from rlweave.envs.text_tasks import ArithmeticTask, answers_match, extract_answer
 
-    torch.set_num_threads(a.threads)
+    procs, threads = parse_layout(layout)
+    torch.set_num_threads(threads)
     task = ArithmeticTask(ops=("+",), min_digits=2, max_digits=2)
-    prompts = task.prompts("train", a.prompts * (a.steps + 1), a.seed)
-    data = Dataset.from_list([{"prompt": p.text, "answer": p.answer} for p in prompts])
+    data = Dataset.from_list([{"prompt": p.text, "answer": p.answer} for p in task.prompts("train", prompts * (steps + 1), seed)])
 
     def correct(prompts, completions, answer, **_):
-        from rlweave.envs.text_tasks import answers_match, extract_answer
-
         return [1.0 if (x := extract_answer(c)) is not None and answers_match(x, gold) else 0.0
                 for c, gold in zip(completions, answer)]
 
@@ -113,87 +138,120 @@ def run_trl(folder: str, a) -> dict:
             if logs and "completions/mean_length" in logs:
                 lengths.append(float(logs["completions/mean_length"]))
 
-    tok = transformers.AutoTokenizer.from_pretrained(folder)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
     cfg = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="bench-grpo-trl-"), use_cpu=True, bf16=False, report_to=[],
-        per_device_train_batch_size=a.prompts * a.group, num_generations=a.group, max_completion_length=a.tokens,
-        generation_kwargs={"min_new_tokens": a.tokens}, temperature=1.0, beta=0.0, num_iterations=1,
-        learning_rate=a.lr, max_steps=a.steps, logging_steps=1, save_strategy="no", seed=a.seed,
+        output_dir=tempfile.mkdtemp(prefix="bench-grpo-trl-"), use_cpu=device == "cpu", bf16=False, report_to=[],
+        per_device_train_batch_size=prompts * group // procs, num_generations=group, max_completion_length=tokens,
+        generation_kwargs={"min_new_tokens": tokens}, temperature=1.0, beta=0.0, num_iterations=1,
+        gradient_checkpointing=False, learning_rate=lr, max_steps=steps, logging_steps=1, save_strategy="no", seed=seed,
         dataloader_num_workers=0, disable_tqdm=True, shuffle_dataset=False,
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=correct, args=cfg, train_dataset=data, processing_class=tok,
+    trainer = GRPOTrainer(model=transformers.AutoModelForCausalLM.from_pretrained(folder), reward_funcs=correct, args=cfg,
+                          train_dataset=data, processing_class=transformers.AutoTokenizer.from_pretrained(folder),
                           callbacks=[Clock()])
     trainer.train()
-    seconds = stamps[-1] - stamps[0]
-    later = lengths[1:] if len(lengths) == len(stamps) else [float(a.tokens)] * (len(stamps) - 1)
-    return {"seconds": seconds, "completions": (len(stamps) - 1) * a.prompts * a.group,
-            "tokens": sum(x * a.prompts * a.group for x in later)}
+    if not trainer.accelerator.is_main_process:
+        return None
+    later = lengths[1:] if len(lengths) == len(stamps) else [float(tokens)] * (len(stamps) - 1)
+    plain = (str, int, float, bool, type(None), list, dict)
+    return {"timed_s": stamps[-1] - stamps[0], "completions": (len(stamps) - 1) * prompts * group,
+            "tokens": sum(x * prompts * group for x in later),
+            "effective": {"processes": trainer.accelerator.num_processes, "distributed": str(trainer.accelerator.distributed_type),
+                          "torch_threads": torch.get_num_threads(),
+                          "grpo_config": {k: v for k, v in cfg.to_dict().items() if isinstance(v, plain)}}}
 
 
-def _side(side: str, folder: str, a) -> dict:
-    if side == "rlweave":
-        return run_rlweave(folder, a)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--side", "trl", "--folder", folder,
-           *[f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items() if k in ("steps", "prompts", "group", "tokens", "threads", "lr", "seed")]]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"TRL side failed: {proc.stderr.strip().splitlines()[-5:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def side_fn(here: Path, name: str, params: dict):
+    """A zero-argument callable that runs side ``name`` (``rlweave-2x1``, ``trl-1x2``, ...) in
+    its own process(es)."""
+    procs, threads = parse_layout(params["layout"])
+
+    def run() -> dict:
+        launcher = None
+        if name.startswith("trl") and procs > 1:
+            launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(procs),
+                        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                        "--num_cpu_threads_per_process", str(threads), "--main_process_port", str(_free_port())]
+        return C.run_side(here, name, params, threads, launcher=launcher)
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="rlweave bench grpo-vs-trl", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--model", choices=sorted(MODELS), default="small")
+    p.add_argument("--prompts", type=int, default=None, help="prompts per step (default: 16 small, 8 large)")
     p.add_argument("--group", type=int, default=8)
-    p.add_argument("--tokens", type=int, default=16)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--ranks", type=int, default=2, help="rlweave worker processes (actor rank + rollout engine each)")
+    p.add_argument("--tokens", type=int, default=None, help="new tokens per response (default: 16 small, 64 large)")
+    p.add_argument("--layouts", default="2x1,1x2", help="processes x threads, comma-separated; default 2x1,1x2")
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: both sides on GPUs (one per process of a layout), float32 as on CPU")
+    p.add_argument("--no-warmup", action="store_true", help="skip the discarded warm-up run of each side (quick checks only)")
     p.add_argument("--json", default=None)
-    p.add_argument("--side", choices=("trl",), default=None, help=argparse.SUPPRESS)
-    p.add_argument("--folder", default=None, help=argparse.SUPPRESS)
+    C.add_side_args(p)
     a = p.parse_args(argv)
-    if a.side == "trl":
-        print(json.dumps(run_trl(a.folder, a)))
-        return 0
-    common = _load_common()
-    import trl
-    import transformers
+    if a.side:
+        return C.serve_side(run_rlweave if a.side.startswith("rlweave") else run_trl, a.side_params)
+    a.prompts = a.prompts or MODELS[a.model][1]
+    a.tokens = a.tokens or MODELS[a.model][2]
+    layouts = [x.strip() for x in a.layouts.split(",") if x.strip()]
+    import importlib.util
 
+    if importlib.util.find_spec("trl") is None:
+        print("grpo-vs-trl needs TRL: bash scripts/setup.sh dev,bench  (the 'bench' extra)")
+        return 1
     folder = Path(tempfile.mkdtemp(prefix="bench-grpo-model-")) / "qwen3"
-    make_model(folder, a.seed)
-    settings = {"model": "qwen3 hidden 128, 4 layers, 4 heads (2 kv), random init", "prompts/step": a.prompts,
-                "group": a.group, "new tokens": f"exactly {a.tokens}", "steps": a.steps, "optimizer": f"AdamW lr {a.lr}",
-                "epochs x minibatches": "1 x 1", "kl": "none", "threads": a.threads,
-                "rlweave processes": a.ranks}
-    layout = (f"driver + {a.ranks} worker processes x {max(1, a.threads // a.ranks)} threads (actor rank, ddp, "
-              "+ rollout engine in each)" if a.ranks > 1 else "driver + 1 worker (actor and rollout collocated)")
-    common.print_settings("grpo_vs_trl: the same GRPO work on both sides",
-                          {"rlweave": {"processes": layout},
-                           "TRL GRPOTrainer": {"processes": "1"}}, common=settings)
-    print(f"versions: trl {trl.__version__}, transformers {transformers.__version__}")
-    fns = {"rlweave": lambda: _side("rlweave", str(folder), a), "trl": lambda: _side("trl", str(folder), a)}
-    describe = lambda side, r: f"{r['completions'] / r['seconds']:.1f} completions/s, {r['tokens'] / r['seconds']:.0f} tokens/s"  # noqa: E731
-    _, results = common.interleave(fns, repeats=a.repeats, describe=describe)
-    rate = lambda r, what: r[what] / r["seconds"]  # noqa: E731
-    out = {"benchmark": "grpo_vs_trl", "settings": settings, "trl": trl.__version__}
-    for what in ("completions", "tokens"):
-        rw = [rate(r, what) for r in results["rlweave"]]
-        tr = [rate(r, what) for r in results["trl"]]
-        stats = common.ratio_stats(rw, tr)
-        out[f"rlweave_{what}_per_s"], out[f"trl_{what}_per_s"] = common.median(rw), common.median(tr)
-        out[f"ratio_{what}"] = stats
-        print(f"{what}/s: rlweave {common.median(rw):.1f}, TRL {common.median(tr):.1f}; "
-              f"ratio median {stats['median']:.2f} (min {stats['min']:.2f}, max {stats['max']:.2f})")
-    out["ratio"] = out["ratio_completions"]["median"]
-    out["environment"] = common.environment_info()
-    if a.json:
-        common.write_json(a.json, out)
-        print(f"wrote {a.json}")
+    n_params = make_model(folder, a.model, a.seed)
+    work = {"model": f"qwen3 {MODELS[a.model][0]}, {n_params / 1e6:.1f}M parameters, random init", "prompts/step": a.prompts,
+            "group": a.group, "new tokens": f"exactly {a.tokens}", "steps": a.steps, "optimizer": f"AdamW lr {a.lr}",
+            "epochs x minibatches": "1 x 1", "kl": "none", "precision": "float32", "gradient checkpointing": "off",
+            "device": a.device}
+    configs = {}
+    for layout in layouts:
+        procs, threads = parse_layout(layout)
+        configs[f"rlweave-{layout}"] = {"layout": layout, "processes": f"driver + {procs} worker process(es) x {threads} thread(s)"
+                                        + (" (actor rank, ddp, + rollout engine in each)" if procs > 1 else " (actor + rollout)")}
+        configs[f"trl-{layout}"] = {"layout": layout, "processes": (f"accelerate launch --multi_gpu --num_processes {procs} (gloo)"
+                                                                    if procs > 1 else "1") + f" x {threads} thread(s)"}
+    out = C.report("grpo-vs-trl", argv, "GRPO completions/s of the whole loop; ratio = median over rounds of the faster rlweave "
+                   "layout / the faster TRL layout; ratio_<layout> matches layouts", configs, a.repeats, not a.no_warmup,
+                   parse_layout(layouts[0])[1])
+    C.print_settings("grpo-vs-trl: the same GRPO work on both sides", configs,
+                     common={**work, "order": " | ".join(out["protocol"]["order"])})
+    here = Path(__file__).resolve()
+    params = {n: dict(folder=str(folder), layout=c["layout"], steps=a.steps, prompts=a.prompts, group=a.group, tokens=a.tokens,
+                      lr=a.lr, seed=a.seed, device=a.device) for n, c in configs.items()}
+    fns = {n: side_fn(here, n, params[n]) for n in configs}
+    describe = lambda side, r: f"{r['completions'] / r['timed_s']:.1f} completions/s, {r['tokens'] / r['timed_s']:.0f} tokens/s"  # noqa: E731
+    _, res = C.interleave(fns, repeats=a.repeats, warmup=not a.no_warmup, describe=describe)
+    rate = {what: {n: [r[what] / r["timed_s"] for r in res[n]] for n in res} for what in ("completions", "tokens")}
+    out.update({"work": work, "parameters": n_params,
+                "completions_per_s": {n: C.median(v) for n, v in rate["completions"].items()},
+                "tokens_per_s": {n: C.median(v) for n, v in rate["tokens"].items()}})
+    print()
+    for n in res:
+        print(f"  {n:<12} {out['completions_per_s'][n]:7.1f} completions/s  {out['tokens_per_s'][n]:7.0f} tokens/s")
+    for layout in layouts:
+        s = C.ratio_stats(rate["completions"][f"rlweave-{layout}"], rate["completions"][f"trl-{layout}"])
+        out[f"ratio_{layout}"], out[f"ratio_{layout}_stats"] = s["median"], s
+        print(f"  layout {layout}: rlweave / TRL {C.fmt_ratio(s)}")
+    rl = {n: rate["completions"][n] for n in res if n.startswith("rlweave")}
+    best_rl = C.fastest(rl)
+    s = C.ratio_vs_fastest(rl[best_rl], {n: rate["completions"][n] for n in res if n.startswith("trl")})
+    out.update({"ratio": s["median"], "ratio_min": s["min"], "ratio_max": s["max"], "ratio_stats": s,
+                "best_rlweave": best_rl, "best_trl": s["baseline"], "runs": res})
+    print(f"ratio (best of each: {best_rl} / {s['baseline']}), completions/s: {C.fmt_ratio(s)}  [{out['command']}]")
+    C.write_json(a.json, out)
     return 0
 
 

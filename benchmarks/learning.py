@@ -29,6 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.append(str(Path(__file__).resolve().parent))  # `rlweave bench` loads this file by path
+import _common as C  # noqa: E402
+
 
 def run_seed(recipe: str, seed: int, overrides: list[str], keep: str | None) -> dict:
     run_dir = Path(keep or tempfile.mkdtemp(prefix=f"bench-learning-{recipe}-")) / f"seed{seed}"
@@ -90,11 +93,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'all' if passed else 'NOT all'} seeds >= {args.threshold}")
     out = {"benchmark": "learning", "recipe": args.recipe, "threshold": args.threshold, "passed": passed,
            "final_eval_return_mean": mean, "final_eval_return_std": std, "runs": runs, "overrides": args.overrides}
-    if args.json:
-        tmp = f"{args.json}.tmp"
-        Path(tmp).write_text(json.dumps(out, indent=2) + "\n")
-        os.replace(tmp, args.json)
-        print(f"wrote {args.json}")
+    C.write_json(args.json, out)
     return 0 if passed else 1
 
 

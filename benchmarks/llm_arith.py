@@ -31,14 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def _load_common():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("rlweave_bench_common", Path(__file__).resolve().parent / "_common.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+sys.path.append(str(Path(__file__).resolve().parent))  # `rlweave bench` loads this file by path
+import _common as C  # noqa: E402
 
 
 def _train(recipe: str, run_dir: Path, overrides: list[str]) -> float:
@@ -147,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
            "need": args.need, "passed": passed, "seeds_meeting_target": met, "summary": summary, "runs": results,
            "sft_seconds": warmups, "overrides": args.overrides}
     if args.json:
-        _load_common().write_json(args.json, out)
-        print(f"wrote {args.json}")
+        C.write_json(args.json, out)
     return 0 if passed else 1
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -233,8 +234,22 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def benchmarks_dir(package_dir: Path | None = None, cwd: Path | None = None, environ: dict | None = None) -> Path | None:
+    """Where the benchmark scripts are. They live in the source tree's ``benchmarks/`` (beside
+    ``rlweave/``), not in the installed package, so an installed rlweave finds them only through
+    ``RLWEAVE_BENCHMARKS``, or when run from a checkout's root; None when neither has them."""
+    environ = os.environ if environ is None else environ
+    package_dir = package_dir or Path(__file__).resolve().parent
+    candidates = [Path(environ["RLWEAVE_BENCHMARKS"])] if environ.get("RLWEAVE_BENCHMARKS") else []
+    candidates += [package_dir.parent / "benchmarks", (cwd or Path.cwd()) / "benchmarks"]
+    return next((c for c in candidates if (c / "_common.py").is_file()), None)
+
+
 def cmd_bench(args) -> int:
-    root = Path(__file__).resolve().parent.parent / "benchmarks"
+    root = benchmarks_dir()
+    if root is None:
+        return _fail("rlweave bench needs a source checkout: run it from the repository root "
+                     "(benchmarks/ is not part of the installed package) or set RLWEAVE_BENCHMARKS=PATH/benchmarks")
     path = root / f"{args.name.replace('-', '_')}.py"
     if not path.is_file():
         names = sorted(p.stem.replace("_", "-") for p in root.glob("*.py") if not p.stem.startswith("_"))
@@ -245,8 +260,8 @@ def cmd_bench(args) -> int:
     argv = list(args.rest)
     if args.json:
         argv += ["--json", args.json]
-    module.main(argv)
-    return 0
+    rc = module.main(argv)
+    return rc if isinstance(rc, int) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -291,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--policy", choices=("deterministic", "stochastic", "random"), default="stochastic")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(fn=cmd_collect)
-    s = sub.add_parser("bench", help="run a benchmark from benchmarks/: rlweave bench NAME [--json FILE]")
+    s = sub.add_parser("bench", help="run a benchmark of a source checkout's benchmarks/: rlweave bench NAME [--json FILE]")
     s.add_argument("name")
     s.add_argument("--json", default=None)
     s.add_argument("rest", nargs=argparse.REMAINDER)
