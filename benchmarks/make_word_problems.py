@@ -19,12 +19,11 @@ from pathlib import Path
 NAMES = ["Ana", "Ben", "Cleo", "Dev", "Eva", "Finn", "Gus", "Hana"]
 ITEMS = ["apples", "books", "coins", "shells", "stamps", "cards"]
 TEMPLATES = {
-    "+": ["{name} has {a} {item} and gets {b} more. How many {item} does {name} have?",
-          "{name} had {a} {item}. A friend gave {name} {b} {item}. How many {item} now?"],
-    "-": ["{name} has {a} {item} and gives away {b}. How many {item} are left?",
-          "{name} had {a} {item} and lost {b} of them. How many {item} remain?"],
+    "+": ["{name} has {a} {item} and gets {b} more. How many {item}?",
+          "{name} had {a} {item} and found {b} more. How many {item}?"],
+    "-": ["{name} has {a} {item} and gives away {b}. How many {item}?",
+          "{name} had {a} {item} and lost {b}. How many {item}?"],
 }
-
 
 def problems(seed: int) -> list[dict]:
     """Every (op, a, b, template) with 10 <= b <= a <= 99, worded with a seeded name and item."""
