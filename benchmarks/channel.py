@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     configs = {SIDES[s][0]: {"key": s, "what": SIDES[s][1]} for s in sides}
     out = C.report("channel", argv, "items/s producer actor -> driver; ratio_<size> = median over rounds of channel (A) / "
                    "the fastest raw-Ray pattern at that size (B, C or G)", configs, args.repeats)
-    out["protocol"]["each_side_in_own_process"] = "all sides: one consumer (the driver) and one Ray instance; producers are actors"
+    out["protocol"].update(each_side_in_own_process="all sides: one consumer (the driver) and one Ray instance; producers are actors",
+                           min_timed_s_per_run=args.min_seconds)
     print("channel benchmark: numpy uint8 items, producer Ray actor -> driver")
     print(f"  {out['environment']['cpu_model']}, {out['environment']['cpus']} cpus, ray {ray.__version__}; sides: "
           + "; ".join(f"{s} {SIDES[s][1]}" for s in sides))

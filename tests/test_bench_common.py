@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,19 @@ def test_every_benchmark_imports_common_one_way_and_exits_with_main():
         assert "spec_from_file_location" not in src, path.name
         if "_common" in src:
             assert "import _common as C" in src, path.name
+
+
+def test_gpu_check_says_in_one_line_that_there_is_no_gpu():
+    import os
+    import shutil
+    import subprocess
+
+    import torch
+
+    if torch.cuda.is_available() or shutil.which("nvidia-smi"):
+        pytest.skip("a GPU machine: scripts/gpu-check.sh would run its checks (minutes)")
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-check.sh")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHON": sys.executable})
+    assert proc.returncode == 0
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1 and "no GPU" in lines[0]
