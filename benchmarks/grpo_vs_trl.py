@@ -28,7 +28,7 @@ sides): completions/s and generated tokens/s. Headline ``ratio``: the faster rlw
 against the faster TRL layout (each side at its best); ``ratio_<layout>`` matches layouts.
 Median of ``--repeats`` rounds (A B C D, D C B A, ...) after a discarded warm-up of each side.
 
-``--model large`` is the larger point: ~25M parameters (hidden 512, 8 layers) and 64-token
+``--model large`` is the larger point: ~32M parameters (hidden 512, 8 layers) and 64-token
 responses, where per-operation overhead matters less.
 
     rlweave bench grpo-vs-trl [--json FILE] [--steps 8] [--repeats 3] [--layouts 2x1,1x2] [--model small|large]
