@@ -108,7 +108,7 @@ def cmd_eval(args) -> int:
     from omegaconf import OmegaConf
 
     from rlweave.models.run_policy import RunPolicyError, load_run_policy, read_run_config
-    from rlweave.runners.common import check_compatible
+    from rlweave.runners.checks import check_compatible
     from rlweave.runners.evaluate import evaluate_policy
 
     try:
@@ -134,7 +134,7 @@ def cmd_collect(args) -> int:
     from rlweave.data.datasets import DatasetError, collect_dataset
     from rlweave.envs import env_maker
     from rlweave.models.run_policy import RunPolicyError, load_run_policy, read_run_config
-    from rlweave.runners.common import check_compatible
+    from rlweave.runners.checks import check_compatible
 
     run_dir = Path(args.run_dir)
     if args.episodes < 1:
@@ -208,7 +208,7 @@ def cmd_plan(args) -> int:
     from rlweave.cluster import Cluster, PlacementError
     from rlweave.config import ConfigError, load_config
     from rlweave.flow.profile import offline_planner
-    from rlweave.runners.common import check_compatible_policy
+    from rlweave.runners.checks import check_compatible_policy
 
     try:
         cfg = load_config(args.recipe, args.overrides)

@@ -244,7 +244,7 @@ def test_plan_command_ranks_candidates_without_training(tmp_path, capsys, monkey
         built.append(kwargs["name"])
         return rlweave.models.build_policy(*args, **kwargs)
 
-    monkeypatch.setattr("rlweave.runners.common.build_policy", counted)
+    monkeypatch.setattr("rlweave.runners.checks.build_policy", counted)
     out_json = tmp_path / "plan.json"
     rc = main(["plan", "ppo-cartpole", "env.num_envs=8", "cluster.num_cpus=2", "--json", str(out_json)])
     out = capsys.readouterr().out

@@ -5,163 +5,38 @@ from __future__ import annotations
 
 import random
 import signal
-import sys
 import threading
+import uuid
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlweave.algorithms import ALGORITHMS, AlgorithmSpec, algorithm_loss, get_algorithm, has_concurrent_parts
-from rlweave.cluster import Cluster, PlacementError, WorkerError, make_plan
+from rlweave.channel import Channel
+from rlweave.cluster import Cluster, WorkerError
 from rlweave.config import ConfigError
-from rlweave.envs import space_info
-from rlweave.models import build_policy
-from rlweave.models.run_policy import policy_kwargs
+from rlweave.runners.checks import algorithm_for_runner, check_compatible, plan_placement
 from rlweave.runners.layouts import LayoutTrials
-from rlweave.sync.weights import verify_sync
+from rlweave.runners.tracking import Tracking
+from rlweave.runners.evaluate import evaluate_policy
+from rlweave.sync.weights import resolve_buckets, unpack_into, verify_sync
 from rlweave.utils.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
-from rlweave.utils.metrics import MetricsWriter, Progress, Trace, read_metrics, truncate_metrics, write_text_atomic
-from rlweave.utils.trackers import RunInfo, Trackers, resolve_loggers
+from rlweave.utils.metrics import MetricsWriter, Progress, Trace, truncate_metrics, write_text_atomic
+from rlweave.workers.channels import ChannelSpec
+from rlweave.utils.trackers import Trackers, resolve_loggers
 
-def algorithm_for_runner(cfg: DictConfig):
-    """The config's algorithm spec, refused on one line when unknown or not made for ``cfg.runner``."""
-    try:
-        spec = get_algorithm(cfg.algorithm.name)
-    except KeyError as e:
-        raise ConfigError(f"algorithm.name: {e.args[0]}") from None
-    if cfg.runner not in spec.runners:
-        raise ConfigError(
-            f"algorithm.name: '{spec.name}' is an {spec.kind.replace('_', '-')} algorithm; it runs with "
-            f"runner={' or '.join(spec.runners)} (this config has runner={cfg.runner})"
-        )
-    return spec
+class Budget(NamedTuple):
+    """How far a run is towards its end: ``done`` of ``total`` ``unit`` (steps, updates, iters)."""
+
+    done: int
+    total: int
+    unit: str
 
 
-def check_compatible(cfg: DictConfig):
-    """Checks what the schema cannot (cross-field rules, env and policy fit) before any worker
-    starts. Returns the env's (observation_space, action_space)."""
-    obs_space, act_space, _ = check_compatible_policy(cfg)
-    return obs_space, act_space
-
-
-def check_compatible_policy(cfg: DictConfig):
-    """:func:`check_compatible`, also returning the policy it builds to check the fit (initialised
-    from torch's current random state): ``(observation_space, action_space, policy)``."""
-    spec = algorithm_for_runner(cfg)
-    if spec.kind in ("off_policy", "imitation", "offline"):
-        _check_off_policy(cfg)
-    if cfg.run.deterministic and cfg.placement.mode == "auto":
-        raise ConfigError(
-            "run.deterministic: placement.mode=auto re-plans from timings, and a layout change ends running episodes; "
-            "choose the slots (placement.mode collocated, disaggregated or hybrid)"
-        )
-    if cfg.actor.strategy == "fsdp":
-        raise ConfigError("actor.strategy: fsdp shards language models; this workflow's actor replicates its policy "
-                          "on every rank (ddp or auto)")
-    if cfg.actor.precision != "float32" and spec.kind not in ("off_policy", "imitation", "offline"):
-        raise ConfigError(f"actor.precision: {cfg.actor.precision} applies to the off-policy learner; "
-                          f"{spec.name}'s actor trains in float32")
-    check_update_threads(cfg, spec)
-    if spec.kind == "offline" and cfg.train.total_updates < 1:
-        raise ConfigError(f"train.total_updates: {spec.name} learns from a dataset alone; give the number of gradient updates (> 0)")
-    if cfg.env.num_workers % cfg.actor.num_workers:
-        raise ConfigError(
-            f"actor.num_workers: {cfg.actor.num_workers} must divide env.num_workers ({cfg.env.num_workers}) "
-            "so every actor rank trains on the same amount of data"
-        )
-    if spec.episodic_groups and cfg.env.num_envs % cfg.algorithm.group_size:
-        raise ConfigError(
-            f"algorithm.group_size: {cfg.algorithm.group_size} must divide env.num_envs ({cfg.env.num_envs})"
-        )
-    env_cfg = OmegaConf.to_container(cfg.env)
-    try:
-        obs_space, act_space = space_info(cfg.env.id, env_cfg["pixels"], env_cfg["kwargs"])
-    except Exception as e:  # noqa: BLE001 - any failure to build the env is a config problem here
-        raise ConfigError(f"env.id: cannot make '{cfg.env.id}': {str(e).splitlines()[0]}") from None
-    try:
-        policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk, **policy_kwargs(cfg))
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"policy.name: {str(e).splitlines()[0]}") from None
-    if spec.needs_dataset and not cfg.replay.offline_dataset:
-        raise ConfigError(
-            f"replay.offline_dataset: {spec.name} learns from a dataset{'' if spec.kind == 'offline' else ' beside online data'}; "
-            "make one with 'rlweave collect RUN_DIR --episodes N -o FOLDER' and pass its folder"
-        )
-    if spec.kind == "imitation":
-        from rlweave.data.experts import ExpertError, load_expert
-
-        if not cfg.imitation.expert:
-            raise ConfigError(f"imitation.expert: {spec.name} needs an expert: a run folder or module:function")
-        try:
-            load_expert(cfg.imitation.expert, obs_space, act_space)
-        except ExpertError as e:
-            raise ConfigError(f"imitation.expert: {e}") from None
-    if spec.kind in ("off_policy", "offline") and cfg.replay.offline_dataset:
-        from rlweave.data.datasets import DatasetError, check_spaces
-
-        try:
-            check_spaces(cfg.replay.offline_dataset, obs_space, act_space)
-        except (DatasetError, ImportError) as e:
-            raise ConfigError(f"replay.offline_dataset: {e}") from None
-    return obs_space, act_space, policy
-
-
-def plan_placement(cfg: DictConfig, cluster: Cluster):
-    """The placement plan of the env/rollout/actor groups on ``cluster`` (PlacementError if bad).
-    Under ``placement.mode=auto`` this is the starting layout: the planner's first profiling plan
-    for env and rollout, the actor on the first slots (it trains between collections)."""
-    explicit = {k: OmegaConf.to_container(v) for k, v in cfg.placement.groups.items()}
-    workers = {"env": cfg.env.num_workers, "rollout": cfg.rollout.num_workers, "actor": cfg.actor.num_workers}
-    mode = cfg.placement.mode
-    if mode == "auto":
-        if set(explicit) & {"env", "rollout"}:
-            raise PlacementError("placement.groups: env and rollout slots are the planner's to choose under placement.mode=auto")
-        workers["env"] = workers["rollout"] = 1
-        explicit.setdefault("actor", {"slots": f"0-{min(cluster.num_slots, cfg.actor.num_workers) - 1}"})
-        mode = "collocated"
-    plan = make_plan(cluster, workers, mode, explicit, cfg.placement.oversubscribe)
-    n_env, n_roll, n_act = (plan.groups[g].num_workers for g in ("env", "rollout", "actor"))
-    if n_env % n_act:
-        raise PlacementError(f"placement.groups.actor: {n_act} actor ranks must divide {n_env} env workers")
-    if n_env % n_roll:
-        raise PlacementError(f"placement.groups.rollout: {n_roll} rollout workers must divide {n_env} env workers")
-    return plan
-
-
-def check_update_threads(cfg: DictConfig, spec: AlgorithmSpec) -> None:
-    """``actor.update_threads`` > 1 needs an update made of concurrent parts (SAC, RLPD)."""
-    if cfg.actor.update_threads > 1 and not has_concurrent_parts(algorithm_loss(spec)):
-        splits = ", ".join(sorted(n for n, a in ALGORITHMS.items() if has_concurrent_parts(algorithm_loss(a))))
-        raise ConfigError(f"actor.update_threads: {cfg.actor.update_threads} runs the critic's and the actor's parts of an "
-                          f"update at the same time; {spec.name}'s update has no such parts ({splits} have)")
-
-
-def _check_off_policy(cfg: DictConfig) -> None:
-    """Rules of the asynchronous off-policy runner that the schema cannot state."""
-    t = cfg.train
-    if cfg.actor.num_workers != 1:
-        raise ConfigError(f"actor.num_workers: the off-policy learner runs on one rank, got {cfg.actor.num_workers}")
-    if t.max_staleness == 0 and t.sync_every != 1:
-        raise ConfigError(
-            f"train.sync_every: {t.sync_every} cannot meet train.max_staleness=0 (collect-then-train needs fresh weights every iteration)"
-        )
-    if t.max_staleness > 0 and t.sync_every > t.max_staleness:
-        raise ConfigError(
-            f"train.max_staleness: {t.max_staleness} can never be met with train.sync_every={t.sync_every}: "
-            f"the learner trains while env workers collect, so transitions reach it up to {t.sync_every} versions old"
-        )
-    if cfg.policy.name != "squashed_mlp":
-        raise ConfigError(
-            f"policy.name: {cfg.algorithm.name} learns a tanh-squashed Gaussian actor; set policy.name=squashed_mlp (got '{cfg.policy.name}')"
-        )
-    if len(cfg.algorithm.adam_betas) != 2:
-        raise ConfigError(f"algorithm.adam_betas: needs two values, got {list(cfg.algorithm.adam_betas)}")
-
-
-class RunnerBase:
+class RunnerBase(Tracking):
     """The driver skeleton every embodied runner shares: refuse bad input before anything starts,
     start or attach to the cluster, seed, write the run's config, resume, loop over iterations with
     checkpoints and a callback, write a final checkpoint, and shut every group down.
@@ -212,6 +87,21 @@ class RunnerBase:
         self.obs_space, self.act_space = check_compatible(self.cfg)
 
     def _plan_placement(self, cluster: Cluster):
+        """The groups' placement: with ``placement.mode=auto``, the first of the runner's candidate
+        layouts, each then timed in turn (:meth:`_try_layouts`); otherwise the configured slots.
+        The one ``auto`` path of every runner without a cost model (the embodied on-policy runner
+        has one: its planner, :mod:`rlweave.flow`)."""
+        candidates = self._layout_candidates(cluster) if self.cfg.placement.mode == "auto" else None
+        if candidates is not None:
+            self._layouts = LayoutTrials(candidates)
+            return self._layouts.plan
+        return self._configured_plan(cluster)
+
+    def _layout_candidates(self, cluster: Cluster) -> list | None:
+        """(label, plan) layouts ``placement.mode=auto`` measures; None: the runner plans otherwise."""
+        return None
+
+    def _configured_plan(self, cluster: Cluster):
         return plan_placement(self.cfg, cluster)
 
     def _start(self) -> None:
@@ -235,18 +125,18 @@ class RunnerBase:
         raise NotImplementedError
 
     def _more(self) -> bool:
-        done, total = self._budget()
+        done, total, _ = self._budget()
         return done < total and not self._reached_eval_target()
 
     def _reached_eval_target(self) -> bool:
         target = self.cfg.train.stop_at_eval
         return target is not None and self._score is not None and self._score >= target
 
-    def _budget(self) -> tuple[int, int]:
-        """(done, total) of what the run counts towards its end: env steps, by default."""
-        return self.env_steps, self.cfg.train.total_env_steps
+    def _budget(self) -> Budget:
+        """What the run counts towards its end, the one place each runner says it: env steps by
+        default; updates (offline, SFT) or iterations (language-model RL) where a runner says so."""
+        return Budget(self.env_steps, self.cfg.train.total_env_steps, "steps")
 
-    _budget_unit = "steps"
     _owns_cluster = True  # False for a run nested in another (an SFT warm-up): the outer one shuts it down
     _score_metric = "eval/episode_return"  # what keep_best ranks checkpoints by
     _progress_keys = ("train/episode_return", "eval/episode_return")  # the progress line's two figures
@@ -297,6 +187,14 @@ class RunnerBase:
         self.plan = self._plan_placement(self.cluster)
         print(f"[rlweave] {self.cluster.describe()}")
         print(f"[rlweave] {self.plan.describe()}{note}")
+
+    def _open_channel(self, kind: str) -> ChannelSpec:
+        """A channel of this run between worker groups (``trajectories``, ``transitions``): named
+        uniquely, created on the cluster unless the run is local, closed with the run."""
+        spec = ChannelSpec(f"{uuid.uuid4().hex[:8]}/{kind}", local=self.cluster.local)
+        if not spec.local:
+            self.channels.append(Channel.create(spec.name))
+        return spec
 
     def _sync_weights(self) -> float:
         """Actor rank 0's weights to every rollout worker, verified by checksum."""
@@ -368,6 +266,18 @@ class RunnerBase:
         progress.update(self.iteration, self._budget()[0], *(record.get(k) for k in self._progress_keys))
         return record
 
+    def evaluate(self) -> dict:
+        """Deterministic episodes of the newest policy in envs of the driver's own, seeded by the
+        iteration (embodied runners; the language-model runner evaluates in its rollout engines)."""
+        unpack_into(self.eval_policy, resolve_buckets(self._eval_packet().buckets))
+        env_cfg = OmegaConf.to_container(self.cfg.env)
+        return evaluate_policy(self.eval_policy, env_cfg, self.cfg.train.eval_episodes,
+                               seed=self.cfg.seed + 10_000 + self.iteration, gamma=self.cfg.algorithm.gamma)
+
+    def _eval_packet(self):
+        """The weights :meth:`evaluate` uses: the newest synced packet."""
+        return self._last_packet
+
     def _eval_due(self, final: bool) -> bool:
         """Whether this iteration ends with an evaluation: every ``train.eval_every`` and the last."""
         ev = self.cfg.train.eval_every
@@ -385,66 +295,6 @@ class RunnerBase:
 
     def _write_config(self) -> None:
         write_text_atomic(self.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(self._resolved_config())))
-
-    # ------------------------------------------------------------------ experiment trackers
-    @property
-    def _step_key(self) -> str:
-        """The trackers' step: env steps where the run counts them, else the iteration (language
-        models, offline and SFT runs, whose env-step count does not grow with every record)."""
-        return "env_steps" if self._budget_unit == "steps" else "iteration"
-
-    def _tracker_step(self) -> int:
-        return self.env_steps if self._step_key == "env_steps" else self.iteration
-
-    def _open_trackers(self) -> Trackers:
-        """Starts ``run.loggers`` (a resumed run continues its tracker runs: ids from the checkpoint)."""
-        r = self.cfg.run
-        info = RunInfo(run_dir=self.run_dir, name=r.name or self.run_dir.resolve().name, group=r.group or self.cfg.recipe or None,
-                       tags=list(r.tags), project=r.project, config=self._resolved_config(),
-                       resume_step=self._tracker_step() if self.resume else None)
-        return Trackers(self.loggers, info, self._step_key, saved=self._saved_trackers if self.resume else None)
-
-    def note_samples(self, rows: list[dict], tokenizer, n: int = 8) -> None:
-        """Language-model runs, once per iteration: keeps ``n`` of its responses (rows with
-        ``prompt_ids``, ``response_ids``, ``reward``) for the samples table of this iteration's
-        evaluation, if it has one (a W&B table, an MLflow artifact). Decoded with ``tokenizer`` only
-        then; nothing is kept when no tracker takes tables."""
-        if self._trackers is None or not self._trackers.takes_media or not rows:
-            return
-        self._samples = (rows[:: max(1, len(rows) // n)][:n], tokenizer)
-
-    def _log_samples(self, record: dict) -> None:
-        """After an evaluated record: the samples noted for it, as a table at the record's step."""
-        if self._samples is None or self._trackers is None or "time/eval" not in record:
-            return
-        rows, tok = self._samples
-        self._samples = None
-        text = lambda ids: tok.decode([int(i) for i in ids], skip_special_tokens=True)  # noqa: E731
-        table = [[text(r["prompt_ids"]), text(r["response_ids"]), float(r["reward"])] for r in rows]
-        self._trackers.log_table("eval/samples", ["prompt", "response", "reward"], table, self._trackers.step_of(record))
-
-    def _log_curves(self) -> None:
-        """At the end of a run (or a stop): its learning curves (the progress line's two figures)
-        as an image, for trackers that show images. Written to ``RUN/curves.png``."""
-        if self._trackers is None or not self._trackers.takes_media:
-            return
-        from rlweave.utils.plot import plot_runs
-
-        records = read_metrics(self.run_dir)
-        keys = [k for k in self._progress_keys if any(r.get(k) is not None for r in records)]
-        if not keys:
-            return
-        try:
-            path = plot_runs([str(self.run_dir)], str(self.run_dir / "curves.png"), metrics=keys, x=self._step_key)
-        except (ValueError, OSError) as e:  # a figure never stops a run
-            print(f"[rlweave] warning: learning curves not drawn: {e}", file=sys.stderr)
-            return
-        self._trackers.log_image("curves", path, self._tracker_step())
-
-    def _close_trackers(self, status: str) -> None:
-        if self._trackers is not None:
-            self._trackers.close(status)
-            self._trackers = None
 
     # ------------------------------------------------------------------ the loop
     def request_stop(self, reason: str = "stop requested") -> None:
@@ -477,7 +327,7 @@ class RunnerBase:
             self._trackers = self._open_trackers()
             metrics = MetricsWriter(self.run_dir, self._trackers)
             trace = Trace(self.run_dir)
-            progress = Progress(self._budget()[1], enabled=cfg.run.progress, unit=self._budget_unit, labels=self._progress_labels)
+            progress = Progress(self._budget()[1], enabled=cfg.run.progress, unit=self._budget().unit, labels=self._progress_labels)
             try:
                 while self._more() and self._stop_reason is None:
                     try:  # a process may also die while the checkpoint gathers its state

@@ -30,11 +30,10 @@ from rlweave.algorithms.llm import kl_penalty, overlong_penalty, token_advantage
 from rlweave.cluster import Cluster, WorkerGroup, make_plan
 from rlweave.config import ConfigError
 from rlweave.envs.text_tasks import Prompt, make_task
-from rlweave.runners.common import RunnerBase
+from rlweave.runners.common import Budget, RunnerBase
 from rlweave.runners.llm_batches import assemble, groups_of, rl_metrics
 from rlweave.runners.llm_checks import check_llm, resolve_init, sft_config
 from rlweave.runners.records import StageClock
-from rlweave.runners.layouts import LayoutTrials
 from rlweave.sync.weights import verify_sync
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace
 
@@ -61,22 +60,18 @@ class LLMRunner(RunnerBase):
         self._logged_initial_eval = False
         self._best_eval: float | None = None  # the best evaluation's accuracy so far (the SFT stop rule's approach)
 
-    def _plan_placement(self, cluster: Cluster):
-        if self.cfg.placement.mode == "auto":
-            self._layouts = LayoutTrials(layout_candidates(cluster, self.cfg.placement.oversubscribe))
-            return self._layouts.plan
+    def _layout_candidates(self, cluster: Cluster) -> list:
+        return layout_candidates(cluster, self.cfg.placement.oversubscribe)
+
+    def _configured_plan(self, cluster: Cluster):
         explicit = {k: OmegaConf.to_container(v) for k, v in self.cfg.placement.groups.items()}
         workers = {"rollout": self.cfg.rollout.num_workers, "actor": self.cfg.actor.num_workers}
         return make_plan(cluster, workers, self.cfg.placement.mode, explicit, self.cfg.placement.oversubscribe)
 
-    @property
-    def _budget_unit(self) -> str:
-        return "updates" if self.sft else "iters"
-
-    def _budget(self) -> tuple[int, int]:
+    def _budget(self) -> Budget:
         if self.sft:
-            return self.updates, self.cfg.train.total_updates
-        return self.iteration, self.cfg.train.total_iterations
+            return Budget(self.updates, self.cfg.train.total_updates, "updates")
+        return Budget(self.iteration, self.cfg.train.total_iterations, "iters")
 
     # ------------------------------------------------------------------ start
     def _start(self) -> None:
@@ -150,7 +145,7 @@ class LLMRunner(RunnerBase):
         if target is not None and not accuracy >= target:
             print(f"[rlweave] warning: the warm-up ended at held-out accuracy {accuracy:.3f}, below its target "
                   f"train.stop_at_eval={target}: it ran out of train.total_updates ({sub_run.cfg.train.total_updates}); "
-                  f"RL may see few rewards (more updates: init.sft_overrides=[train.total_updates=N])")
+                  f"RL may see few rewards (more updates: init.sft_overrides=['train.total_updates=N'])")
         return sft_dir / "model"
 
     def check_prompts(self, tokenizer) -> None:
@@ -201,10 +196,7 @@ class LLMRunner(RunnerBase):
             if not all(ok for ok, _ in follows) or len({v for _, v in follows}) != 1:
                 raise RuntimeError(f"weight sync: a rollout engine no longer shares its actor rank's parameters ({follows})")
             return time.perf_counter() - t0
-        packet = self.actor.export_weights()
-        verify_sync(packet, self.rollout.load_weights(packet))
-        self._last_packet = packet
-        return time.perf_counter() - t0
+        return super()._sync_weights()
 
     # ------------------------------------------------------------------ prompts
     def _fit_prompts(self, prompts: list[Prompt], tokenizer=None) -> tuple[list[Prompt], int, int]:
@@ -448,7 +440,7 @@ class LLMRunner(RunnerBase):
     def _parts(self) -> dict:
         state = self._driver_state()
         state.update(updates=self.updates, version=self.version, best_eval=self._best_eval)
-        return {"runner": state, "actor": self.actor.state()}
+        return {"runner": state, "actor": self.actor.state_dict()}
 
     def _restore_parts(self, state: dict, remap_ranks: bool = False) -> None:
         shards = state["actor"]
@@ -459,7 +451,7 @@ class LLMRunner(RunnerBase):
         if len(shards) != n:  # rank 0 holds the full state; the others take their counters where they had some
             counters = {k: v for k, v in shards[0].items() if k not in ("policy", "optimizer")}
             shards = [shards[0]] + [shards[r] if r < len(shards) else dict(counters) for r in range(1, n)]
-        self.actor.load_state(shards)
+        self.actor.load_state_dict(shards)
         self.updates, self.version = state["runner"]["updates"], state["runner"]["version"]
         self._best_eval = state["runner"].get("best_eval")
         self._pending = self._pending_sync = None

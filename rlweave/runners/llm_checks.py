@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlweave.config import ConfigError
 from rlweave.config.chain import SubRun, sub_run_config
 from rlweave.envs.text_tasks import TaskDataError, make_task
-from rlweave.runners.common import algorithm_for_runner, check_update_threads
+from rlweave.runners.checks import algorithm_for_runner, check_update_threads
 
 __all__ = ["check_llm", "resolve_init", "sft_config"]
 

@@ -36,27 +36,22 @@ from __future__ import annotations
 
 import math
 import time
-import uuid
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlweave.channel import Channel
 from rlweave.cluster import Cluster, GroupPlacement, PlacementError, WorkerGroup, make_plan, wait_all
 from rlweave.models import build_policy
 from rlweave.models.run_policy import policy_kwargs
 from rlweave.runners.records import StageClock, total, worst
-from rlweave.runners.common import RunnerBase, plan_placement
-from rlweave.runners.layouts import LayoutTrials
-from rlweave.runners.evaluate import evaluate_policy
+from rlweave.runners.common import Budget, RunnerBase
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace
-from rlweave.workers.channels import ChannelSpec
 from rlweave.data.datasets import load_transitions
 from rlweave.workers.env_worker import EnvWorker
 from rlweave.workers.offpolicy_actor import OffPolicyActorWorker
 from rlweave.workers.replay import ReplayBufferWorker
 from rlweave.workers.rollout_worker import RolloutWorker
-from rlweave.sync.weights import resolve_buckets, unpack_into, verify_sync
+from rlweave.sync.weights import verify_sync
 
 
 class OffPolicyRunner(RunnerBase):
@@ -68,14 +63,9 @@ class OffPolicyRunner(RunnerBase):
         self.pending_steps = 0
         self.carried_weights = None  # the packet the next collection call hands to the rollout workers
         self.offline = self.spec.kind == "offline"
-        if self.offline:
-            self._budget_unit = "updates"
 
-    def _plan_placement(self, cluster: Cluster):
-        if self.cfg.placement.mode != "auto":
-            return plan_placement(self.cfg, cluster)
-        self._layouts = LayoutTrials(offpolicy_layouts(self.cfg, cluster, offline=self.spec.kind == "offline"))
-        return self._layouts.plan
+    def _layout_candidates(self, cluster: Cluster) -> list:
+        return offpolicy_layouts(self.cfg, cluster, offline=self.spec.kind == "offline")
 
     def _after_iteration(self, record: dict) -> None:
         """``placement.mode=auto``: each candidate layout runs two learning iterations (the first
@@ -83,9 +73,9 @@ class OffPolicyRunner(RunnerBase):
         ``learning_starts`` make no update and say nothing about a layout: not counted."""
         self._try_layouts(record["time/iteration"] if record.get("samples/updates", 0) > 0 else None)
 
-    def _budget(self) -> tuple[int, int]:
+    def _budget(self) -> Budget:
         if self.offline:
-            return self.updates, self.cfg.train.total_updates
+            return Budget(self.updates, self.cfg.train.total_updates, "updates")
         return super()._budget()
 
     def _total_updates(self) -> int:
@@ -100,9 +90,7 @@ class OffPolicyRunner(RunnerBase):
         cfg = self.cfg
         self._start_cluster()
         plan = self.plan
-        self.trans_spec = ChannelSpec(f"{uuid.uuid4().hex[:8]}/transitions", local=self.cluster.local)
-        if not self.trans_spec.local:
-            self.channels.append(Channel.create(self.trans_spec.name))
+        self.trans_spec = self._open_channel("transitions")
         self.pkw = policy_kwargs(cfg)
         algo = OmegaConf.to_container(cfg.algorithm)
         self.actor = WorkerGroup(
@@ -288,12 +276,9 @@ class OffPolicyRunner(RunnerBase):
             for rank, o in enumerate(env_out):
                 trace.span(f"env[{rank}]", "weight_sync", t0, o["time/weight_load"])
 
-    def evaluate(self) -> dict:
-        """Deterministic episodes of the learner's latest policy (not the rollout's copy)."""
-        packet = self.actor.export_weights()
-        unpack_into(self.eval_policy, resolve_buckets(packet.buckets))
-        env_cfg = OmegaConf.to_container(self.cfg.env)
-        return evaluate_policy(self.eval_policy, env_cfg, self.cfg.train.eval_episodes, seed=self.cfg.seed + 10_000 + self.iteration, gamma=self.cfg.algorithm.gamma)
+    def _eval_packet(self):
+        """The learner's latest weights (not the rollout's copy, which may be a sync behind)."""
+        return self.actor.export_weights()
 
 
 def offpolicy_layouts(cfg: DictConfig, cluster: Cluster, offline: bool = False) -> list[tuple[str, object]]:

@@ -19,26 +19,21 @@ from __future__ import annotations
 import json
 import math
 import time
-import uuid
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlweave.channel import Channel
 from rlweave.cluster import GroupPlacement, PlacementError, WorkerGroup, wait_all
 from rlweave.config import ConfigError
 from rlweave.flow import FlowPlan, Measurement, Planner, Prediction, physical_cores, plan_from_groups
 from rlweave.models import build_policy
 from rlweave.models.run_policy import policy_kwargs
 from rlweave.runners.common import RunnerBase
-from rlweave.runners.evaluate import evaluate_policy
 from rlweave.runners.records import StageClock, prefixed_means, total, worst
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace, write_text_atomic
 from rlweave.workers.actor_worker import ActorWorker
-from rlweave.workers.channels import ChannelSpec
 from rlweave.workers.env_worker import EnvWorker
 from rlweave.workers.rollout_worker import RolloutWorker
-from rlweave.sync.weights import resolve_buckets, unpack_into
 
 
 class OnPolicyRunner(RunnerBase):
@@ -78,10 +73,7 @@ class OnPolicyRunner(RunnerBase):
         self._start_cluster(" (start of placement.mode=auto)" if cfg.placement.mode == "auto" else "")
         plan = self.plan
         n_act = plan.groups["actor"].num_workers
-        run_id = uuid.uuid4().hex[:8]
-        self.traj_spec = ChannelSpec(f"{run_id}/trajectories", local=self.cluster.local)
-        if not self.traj_spec.local:
-            self.channels.append(Channel.create(self.traj_spec.name))
+        self.traj_spec = self._open_channel("trajectories")
         self.pkw = policy_kwargs(cfg)
         self.actor = WorkerGroup(
             ActorWorker, plan.groups["actor"], self.cluster,
@@ -385,11 +377,6 @@ class OnPolicyRunner(RunnerBase):
 
     def actor_shares_rollout_slots(self) -> bool:
         return bool(set(self.actor.placement.slots) & set(self.flow.rollout_slots))
-
-    def evaluate(self) -> dict:
-        unpack_into(self.eval_policy, resolve_buckets(self._last_packet.buckets))
-        env_cfg = OmegaConf.to_container(self.cfg.env)
-        return evaluate_policy(self.eval_policy, env_cfg, self.cfg.train.eval_episodes, seed=self.cfg.seed + 10_000 + self.iteration, gamma=self.cfg.algorithm.gamma)
 
     def _derived(self) -> dict:
         return {**self.plan.as_dict(), "flow": self.flow.as_dict()}

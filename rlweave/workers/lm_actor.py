@@ -363,7 +363,7 @@ class LMActorWorker(Worker):
         return self.strategy == "fsdp"
 
     @group_method("all")
-    def state(self) -> dict:
+    def state_dict(self) -> dict:
         """Weights, optimizer and counters. Sharded, the full weights and optimizer state are
         gathered onto rank 0; replicated, rank 0 holds them already. The other ranks return only
         their counters and random states, so a checkpoint does not depend on how many ranks
@@ -385,7 +385,7 @@ class LMActorWorker(Worker):
         return out
 
     @group_method("per_rank")
-    def load_state(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         """Every rank calls it with its own part (sharded: rank 0's holds the full state, which is
         broadcast and resharded)."""
         self._ready()
