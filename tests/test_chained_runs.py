@@ -101,3 +101,9 @@ def test_near_its_target_the_warm_up_evaluates_every_few_updates(tmp_path):
     updates = [r["updates"] for r in read_metrics(tmp_path / "run") if "updates" in r]
     evaluated = [r["updates"] for r in read_metrics(tmp_path / "run") if "updates" in r and "eval/accuracy" in r]
     assert updates[:4] == [10, 13, 16, 19] and evaluated[:4] == [10, 13, 16, 19]  # eval_every=2 alone: 13 (iteration 2) only
+
+
+def test_run_wide_settings_reach_the_warm_up_as_values_not_override_text():
+    cfg = load_config("grpo-arith", ["run.tags=['lr=3e-4',b]", "run.group='exp(1)'", "run.loggers=[tensorboard]"])
+    sub = sft_config(cfg)
+    assert list(sub.cfg.run.tags) == ["lr=3e-4", "b"] and sub.cfg.run.group == "exp(1)" and sub.cfg.seed == cfg.seed

@@ -102,3 +102,31 @@ def test_a_group_method_hidden_by_the_group_is_refused():
     cluster = Cluster.start(num_cpus=2, local=True)
     with pytest.raises(TypeError, match="group methods \\['shutdown'\\] would be hidden"):
         WorkerGroup(Clash, GroupPlacement("clash", cluster.slots()[:1]), cluster)
+
+
+class Hidden(Worker):
+    @group_method("all")
+    def placement(self) -> None:
+        return None
+
+
+def test_a_group_method_hidden_by_a_groups_own_attribute_is_refused():
+    cluster = Cluster.start(num_cpus=2, local=True)
+    with pytest.raises(TypeError, match="group methods \\['placement'\\] would be hidden"):
+        WorkerGroup(Hidden, GroupPlacement("hidden", cluster.slots()[:1]), cluster)
+
+
+class Uneven(Worker):
+    @group_method("all", collect="concat")
+    def rows(self) -> dict:
+        return {"a": np.zeros(2)} if self.rank == 0 else {"b": np.zeros(2)}
+
+
+def test_a_failing_collect_raises_on_every_wait():
+    cluster = Cluster.start(num_cpus=2, local=True)
+    g = WorkerGroup(Uneven, GroupPlacement("uneven", cluster.slots()[:2]), cluster)
+    handle = g.rows.submit()
+    for _ in range(2):
+        with pytest.raises(KeyError):
+            handle.wait()
+    g.shutdown()

@@ -3,9 +3,11 @@
 A :class:`WorkerGroup` starts one *host* process per placement entry (:mod:`rlweave.cluster.hosts`:
 a Ray actor, or an in-process object in local mode) and builds the worker inside it with its
 context (group name, rank, world size, slot, device) already set, so ``__init__`` can use
-``self.rank``. ``group.call("step", x)`` runs ``step(x)`` on every rank (or the chosen ``ranks``)
-and returns a :class:`~rlweave.cluster.handle.Handle`; ``group.call_each("train", [b0, b1])``
-gives each rank its own argument. Groups placed on the same slots can share host processes
+``self.rank``. A worker method declared with :func:`~rlweave.cluster.dispatch.group_method` is an
+attribute of its group: ``group.update(batch)`` splits, runs and gathers as the method declares
+(:mod:`rlweave.cluster.dispatch`). ``group.call("step", x)`` (every rank, or the chosen ``ranks``;
+a :class:`~rlweave.cluster.handle.Handle`) and ``group.call_each`` stay for tests and the group's
+own start-up calls. Groups placed on the same slots can share host processes
 (``colocate_with=``), as veRL's colocated worker classes do: calls between them cost a function
 call instead of an inter-process hop.
 """
@@ -26,6 +28,11 @@ from rlweave.cluster.placement import GroupPlacement, Slot
 from rlweave.cluster.worker import WorkerContext
 
 
+# what every group sets on itself: a worker method of one of these names would be hidden
+_INSTANCE_ATTRIBUTES = frozenset({"cls", "name", "placement", "cluster", "local", "args", "kwargs", "owns_hosts",
+                                  "has_dist", "hosts", "host_groups"})
+
+
 class WorkerGroup:
     """N workers of one class, placed on slots, called together."""
 
@@ -40,7 +47,7 @@ class WorkerGroup:
         init_dist: bool = False,
         name: str | None = None,
     ):
-        clashes = [m for m in declared_methods(cls) if hasattr(WorkerGroup, m)]
+        clashes = [m for m in declared_methods(cls) if hasattr(WorkerGroup, m) or m in _INSTANCE_ATTRIBUTES]
         if clashes:
             raise TypeError(f"{cls.__name__}: group methods {clashes} would be hidden by WorkerGroup's own attributes; rename them")
         self.cls = cls

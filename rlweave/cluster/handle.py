@@ -48,9 +48,10 @@ class Handle:
             pairs = []
             for rank, p in zip(self.ranks, self._pending):
                 pairs.append(self._get_one(rank, p, timeout))
-            self._results = [r for r, _ in pairs]
+            results = [r for r, _ in pairs]
+            collected = self._collect(results) if self._collect is not None else results  # may raise: nothing cached then
+            self._results, self._collected = results, collected
             self.durations = [d for _, d in pairs]
-            self._collected = self._collect(self._results) if self._collect is not None else self._results
         return self._collected
 
     @property
@@ -110,8 +111,10 @@ def _poll_ready(refs: list, num: int, timeout: float | None) -> tuple[list, list
             raise TimeoutError("timed out waiting for workers")
 
 
-def wait_all(handles: Sequence[Handle], timeout: float | None = None) -> list[list]:
-    """Waits for several handles together and raises the *first* failure as soon as it happens.
+def wait_all(handles: Sequence[Handle], timeout: float | None = None) -> list[Any]:
+    """Waits for several handles together and raises the *first* failure as soon as it happens;
+    returns what each handle's ``wait()`` returns (its ranks' results, or what its method's
+    declared ``collect`` makes of them).
 
     Waiting handle by handle would hang when a later handle's worker failed while an earlier one
     blocks on it (an env worker waiting on a channel its dead rollout worker would have filled).

@@ -24,7 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlweave.config.load import ConfigError, load_config
+from rlweave.config.load import ConfigError, load_config, validate
 from rlweave.config.schema import Config
 
 SHARED_SECTIONS = ("model", "task")
@@ -70,15 +70,20 @@ def carried_values(cfg: DictConfig) -> dict[str, Any]:
     return out
 
 
-def sub_run_config(cfg: DictConfig, recipe: str, overrides: list[str], run_wide: list[str]) -> SubRun:
+def sub_run_config(cfg: DictConfig, recipe: str, overrides: list[str], run_wide: dict[str, Any]) -> SubRun:
     """``recipe`` with the values it shares with ``cfg``, then ``overrides`` (the sub-run's own),
-    then ``run_wide`` (seed, cluster, progress). Errors name the sub-recipe's key."""
+    then ``run_wide`` (seed, cluster, progress, trackers: dotted key -> value, set as values, never
+    parsed as override text). Errors name the sub-recipe's key."""
     carry = carried_values(cfg)
     try:
         own = load_config(recipe)
-        sub = load_config(recipe, list(overrides) + list(run_wide), carry=carry)
+        sub = OmegaConf.create(OmegaConf.to_container(load_config(recipe, list(overrides), carry=carry)))
+        for key, value in run_wide.items():
+            OmegaConf.update(sub, key, value, merge=False)
+        sub = validate(sub)
     except ConfigError as e:
         raise ConfigError(f"init.sft_recipe: {e}") from None
+    OmegaConf.set_readonly(sub, True)
     # carried keys the sub-recipe says otherwise, and that its own overrides did not set again
     differs = {k: v for k, v in carry.items()
                if _plain(OmegaConf.select(own, k)) != v and _plain(OmegaConf.select(sub, k)) == v}

@@ -135,7 +135,8 @@ class LLMRunner(RunnerBase):
         # the checks that need the tokenizer, for the warm-up's settings and this run's, before any training
         from rlweave.models.causal_lm import load_tokenizer
 
-        tokenizer = load_tokenizer(sub._tokenizer(None))
+        start = resolve_init(sub.cfg.init.checkpoint) if sub.cfg.init.checkpoint else sub.cfg.model.path
+        tokenizer = load_tokenizer(sub._tokenizer(str(start) if start else None))  # the one the warm-up will load
         sub.check_prompts(tokenizer)
         self.check_prompts(tokenizer)
         last = sub.run()
@@ -305,7 +306,8 @@ class LLMRunner(RunnerBase):
             batch = assemble(gens, self.tokenizer.pad_token_id)
             scored = {} if self._single_pass(len(batch["rewards"])) else self.actor.score(batch)
         self.note_samples([r for g in gens for r in g["rows"]], self.tokenizer)  # for the trackers' samples table
-        update, scores, kl = self._advantages(batch, scored)
+        with clock.stage("advantages"):
+            update, scores, kl = self._advantages(batch, scored)
         lr_scale = 1.0 - self.iteration / max(1, self.cfg.train.total_iterations) if a.lr_anneal else 1.0
         with clock.stage("update"):
             outs = self.actor.update({**batch, **update}, lr_scale, self.spec.asynchronous)
@@ -414,7 +416,7 @@ class LLMRunner(RunnerBase):
     def _finish_record(self, record, metrics, trace, progress, final):
         if self._pending_sync is not None and self._eval_due(final):
             packet, h = self._pending_sync  # evaluate the newest weights, as a synchronous run does
-            h.wait()
+            verify_sync(packet, h.wait())
             self._pending_sync = None
         record = super()._finish_record(record, metrics, trace, progress, final)
         if "eval/accuracy" in record:

@@ -124,12 +124,9 @@ def sft_config(cfg: DictConfig) -> SubRun:
     """The warm-up run: ``init.sft_recipe`` with this run's model, task and data settings
     (:mod:`rlweave.config.chain`), ``init.sft_overrides``, this run's seed and cluster, and no
     progress line of its own."""
-    c = cfg.cluster
     r = cfg.run
-    run_wide = [f"seed={cfg.seed}", f"run.progress={str(r.progress).lower()}", f"run.tensorboard={str(r.tensorboard).lower()}",
-                f"cluster.local={str(c.local).lower()}", f"run.loggers=[{','.join(r.loggers)}]"]
-    # the warm-up's tracker run sits beside the run's: same project, group and tags
-    run_wide += [f"run.group={r.group or cfg.recipe}"] if r.group or cfg.recipe else []
-    run_wide += [f"run.project={r.project}"] if r.project else []
-    run_wide += [f"run.tags=[{','.join(r.tags)}]"] if r.tags else []
+    run_wide = {"seed": cfg.seed, "run.progress": r.progress, "run.tensorboard": r.tensorboard,
+                "cluster.local": cfg.cluster.local, "run.loggers": list(r.loggers),
+                # the warm-up's tracker run sits beside the run's: same project, group and tags
+                "run.group": r.group or cfg.recipe or None, "run.project": r.project, "run.tags": list(r.tags)}
     return sub_run_config(cfg, cfg.init.sft_recipe, list(cfg.init.sft_overrides), run_wide)

@@ -10,6 +10,7 @@ uses (``train/*``, ``time/*``, ``peak_rss_mb``), and the runner reduces them ove
 
 from __future__ import annotations
 
+import numbers
 import time
 from contextlib import contextmanager
 from typing import Iterator, Sequence
@@ -26,7 +27,6 @@ class StageClock:
     def __init__(self, trace=None, lane: str = "driver"):
         self.start = time.perf_counter()
         self.times: dict[str, float] = {}
-        self.starts: dict[str, float] = {}
         self._trace, self._lane = trace, lane
 
     @contextmanager
@@ -35,7 +35,6 @@ class StageClock:
         try:
             yield
         finally:
-            self.starts[name] = t0
             self.times[f"time/{name}"] = time.perf_counter() - t0
             if self._trace is not None:
                 self._trace.span(self._lane, name, t0, self.times[f"time/{name}"])
@@ -62,4 +61,4 @@ def total(outs: Sequence[dict], key: str) -> float:
 
 def prefixed_means(outs: Sequence[dict], prefix: str) -> dict:
     """The mean over ranks of every numeric entry whose key starts with ``prefix``."""
-    return {k: mean_of(outs, k) for k, v in outs[0].items() if k.startswith(prefix) and isinstance(v, (int, float))}
+    return {k: mean_of(outs, k) for k, v in outs[0].items() if k.startswith(prefix) and isinstance(v, (numbers.Real, np.generic))}
