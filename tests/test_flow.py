@@ -300,7 +300,7 @@ def test_auto_run_resumes_with_its_plan_and_planner_state(ray_session, tmp_path)
         saved_flow.num_env, saved_flow.micro_batches, int(saved_flow.fused))
     log = json.loads((run_dir / "plans.json").read_text())
     assert [e["iteration"] for e in log if e["reason"] == "profiling"] == [1]
-    assert len(resumed.planner.history) == 10
+    assert len(resumed.replanner.planner.history) == 10
     assert sum(r["samples/produced"] for r in after) == 1280
 
 

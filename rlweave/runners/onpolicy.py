@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlweave.cluster import GroupPlacement, PlacementError, WorkerGroup, wait_all
 from rlweave.config import ConfigError
-from rlweave.flow import FlowPlan, Measurement, Planner, Prediction, physical_cores, plan_from_groups
+from rlweave.flow import FlowPlan, Planner, Replanner, physical_cores, plan_from_groups
 from rlweave.models import build_policy
 from rlweave.models.run_policy import policy_kwargs
 from rlweave.runners.common import RunnerBase
@@ -49,11 +49,7 @@ class OnPolicyRunner(RunnerBase):
         self.rollout: WorkerGroup | None = None
         self.flow: FlowPlan | None = None
         self.recording = False  # env and rollout workers record per-micro-batch trace events
-        self.planner: Planner | None = None
-        self.prediction: Prediction | None = None
-        self.plan_log: list[dict] = []
-        self.verified: set = set()
-        self.drift_count = 0
+        self.replanner: Replanner | None = None  # placement.mode=auto
 
     @property
     def steps_per_iteration(self) -> int:
@@ -83,13 +79,14 @@ class OnPolicyRunner(RunnerBase):
         )
         self.groups.append(self.actor)
         if cfg.placement.mode == "auto":
-            self.planner = Planner(
+            planner = Planner(
                 slots=self.cluster.slots(),
                 total_envs=self.total_envs, steps=cfg.train.rollout_steps, cores=physical_cores(self.cluster),
                 max_micro_batches=cfg.planner.max_micro_batches, env_multiple=n_act, margin=cfg.planner.margin,
                 gpu_slots=self.cluster.slot_kind == "gpu",
             )
-            first = self.planner.profile_plans()[0]
+            self.replanner = Replanner(planner, cfg.planner.verify)
+            first = self.replanner.first_plan()
         else:
             first = plan_from_groups(plan.groups["env"], plan.groups["rollout"], cfg.rollout.micro_batches)
         self._apply_flow(first, initial=True)
@@ -191,13 +188,7 @@ class OnPolicyRunner(RunnerBase):
                 **self._driver_state(),
                 "version": self.version,
                 "flow": self.flow.as_tuple(),
-                "planner": self.planner.state_dict() if self.planner else None,
-                "planner_run": {
-                    "prediction": self.prediction.plan.as_tuple() if self.prediction else None,
-                    "verified": [p.as_tuple() for p in self.verified],
-                    "drift_count": self.drift_count,
-                    "plan_log": self.plan_log,
-                } if self.planner else None,
+                **(self.replanner.state_dict() if self.replanner else {"planner": None, "planner_run": None}),
             },
         }
         return parts
@@ -206,14 +197,8 @@ class OnPolicyRunner(RunnerBase):
         r = state["runner"]
         if r.get("flow") is not None and FlowPlan.from_tuple(r["flow"]) != self.flow:
             self._apply_flow(FlowPlan.from_tuple(r["flow"]))
-        if self.planner and r.get("planner"):
-            self.planner.load_state_dict(r["planner"])
-            run_state = r.get("planner_run") or {}
-            if run_state.get("prediction"):
-                self.prediction = self.planner.predict(FlowPlan.from_tuple(run_state["prediction"]))
-            self.verified = {FlowPlan.from_tuple(t) for t in run_state.get("verified", [])}
-            self.drift_count = run_state.get("drift_count", 0)
-            self.plan_log = [e for e in run_state.get("plan_log", []) if e["iteration"] <= r["iteration"]]
+        if self.replanner:
+            self.replanner.load_state_dict(r, r["iteration"])
         self.actor.load_state_dict(state["actor"])
         self.env.load_state_dict(state["envs"])
         self.rollout.load_state_dict(state["rollouts"])
@@ -223,63 +208,12 @@ class OnPolicyRunner(RunnerBase):
         return self.iteration < self.iterations and self.env_steps < self.cfg.train.total_env_steps
 
     def _after_iteration(self, record: dict) -> None:
-        self._replan(record)  # before the checkpoint: a resumed run continues under the plan chosen here
-
-    def _replan(self, record: dict) -> None:
-        """``placement.mode=auto``: feed the planner, then pick the next plan at this iteration
-        boundary. Phases: *profile* (the planner's profiling plans), *verify* (one iteration of
-        each shortlisted prediction not measured yet), *run* (the shortlisted plan with the
-        fastest measured collection plus the rest of an iteration, which all plans share). Two
-        iterations in a row whose time drifts from the prediction by more than ``planner.margin``
-        send the run back to *verify* with the refitted costs."""
-        if self.planner is None:
+        """``placement.mode=auto``: the plan the next iteration runs under (:class:`~rlweave.flow.Replanner`),
+        applied before the checkpoint, so a resumed run continues under the plan chosen here."""
+        if self.replanner is None:
             return
-        pl, cfg = self.planner, self.cfg
-        pl.observe(Measurement(
-            self.flow, collect=record["time/collect"], env_compute=record["time/env"], infer_compute=record["time/rollout_per_env_worker"],
-            steps=cfg.train.rollout_steps, train=record["time/actor"], sync=record["time/weight_sync"],
-            other=max(0.0, record["time/iteration"] - record["time/collect"] - record["time/actor"] - record["time/weight_sync"]),
-            iteration=record["time/iteration"],
-        ))
-        seen = {m.plan for m in pl.history}
-        todo = [p for p in pl.profile_plans() if p not in seen]
-        if todo:
-            return self._switch(todo[0], "profiling")
-        if self.prediction is not None and self.prediction.plan == self.flow:
-            drifted = pl.drifted(self.prediction.iteration, record["time/iteration"])
-            self.drift_count = self.drift_count + 1 if drifted else 0
-            if self.drift_count < 2:
-                return
-            self.drift_count = 0
-            self.verified = set()
-            reason = "drift"
-        else:
-            reason = "verify"
-        short = pl.shortlist(cfg.planner.verify)
-        if reason == "drift":  # measurements from before the drift no longer settle the choice
-            unverified = [p.plan for p in short if p.plan != self.flow]
-        else:
-            unverified = [p.plan for p in short if p.plan not in self.verified and pl.measured(p.plan) is None]
-        if unverified:
-            self.verified.add(unverified[0])
-            self.prediction = None
-            return self._switch(unverified[0], "verifying" if reason != "drift" else "drift: verifying")
-        chosen = pl.choose(cfg.planner.verify)
-        self.prediction = pl.predict(chosen.plan)
-        self.plan_log.append({
-            "iteration": self.iteration, "reason": "chosen", "chosen": self.prediction.as_dict(),
-            "measured_s": {p.plan.label(): pl.measured(p.plan) for p in short},
-            "measured_collect_s": {p.plan.label(): pl.measured_collect(p.plan) for p in short},
-            "ranked": [p.as_dict() for p in pl.rank()[:8]],
-        })
-        print(f"[rlweave] planner: chose {chosen.plan.label()}: predicted {self.prediction.iteration:.3f} s/iteration"
-              + (f", measured {pl.measured(chosen.plan):.3f}" if pl.measured(chosen.plan) else ""))
-        self._switch(chosen.plan, None)
-
-    def _switch(self, plan: FlowPlan, reason: str | None) -> None:
-        if reason:
-            self.plan_log.append({"iteration": self.iteration, "reason": reason, "plan": plan.label()})
-        if plan == self.flow:
+        plan = self.replanner.next_plan(self.flow, record, self.iteration, self.cfg.train.rollout_steps)
+        if plan is None or plan == self.flow:
             return
         try:
             self._apply_flow(plan)
@@ -359,9 +293,10 @@ class OnPolicyRunner(RunnerBase):
             record["mem/actor_device_mb_after_offload"] = max(m["after"].get("allocated_mb", 0.0) for m in moved)
         if released is not None:
             record["mem/rollout_released_params"] = total(released, "released_params")
-        if self.prediction is not None and self.prediction.plan == f:
-            record["plan/predicted_iteration"] = self.prediction.iteration
-            record["plan/error"] = abs(self.prediction.iteration - t_iter) / t_iter
+        prediction = self.replanner.prediction if self.replanner else None
+        if prediction is not None and prediction.plan == f:
+            record["plan/predicted_iteration"] = prediction.iteration
+            record["plan/error"] = abs(prediction.iteration - t_iter) / t_iter
         return record
 
     def _trace_iteration(self, trace: Trace, t0: float, t_trained: float, h_env, env_out, roll_out, act_out) -> None:
@@ -386,6 +321,6 @@ class OnPolicyRunner(RunnerBase):
         self.env = self.rollout = self.flow = None  # a restart lays out fresh groups
 
     def _on_shutdown(self) -> None:
-        if self.plan_log:
-            write_text_atomic(self.run_dir / "plans.json", json.dumps(self.plan_log, indent=1))
+        if self.replanner and self.replanner.log:
+            write_text_atomic(self.run_dir / "plans.json", json.dumps(self.replanner.log, indent=1))
 
