@@ -15,6 +15,7 @@ import numpy as np
 
 from rlweave.utils.plugins import import_plugins
 
+from .flow_policy import FlowPolicy
 from .offpolicy import SquashedGaussianPolicy
 from .policies import CNNPolicy, MLPPolicy, Policy
 
@@ -58,7 +59,18 @@ def _build_squashed_mlp(observation_space, action_space, critic: bool = False, *
     return SquashedGaussianPolicy(int(observation_space.shape[0]), action_space, **kwargs)
 
 
-POLICIES: dict[str, Callable[..., Policy]] = {"mlp": _build_mlp, "cnn": _build_cnn, "squashed_mlp": _build_squashed_mlp}
+def _build_flow_mlp(observation_space, action_space, log_std_init: float | None = None,
+                    state_dependent_std: bool | None = None, **kwargs) -> FlowPolicy:
+    # log_std_init / state_dependent_std: Gaussian-policy settings every policy.* config carries
+    if not (isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 1):
+        raise SpaceMismatchError(f"needs a 1-D Box observation space, got {observation_space}")
+    if not isinstance(action_space, gym.spaces.Box):
+        raise SpaceMismatchError(f"needs a Box action space, got {action_space}")
+    return FlowPolicy(int(observation_space.shape[0]), action_space, **kwargs)
+
+
+POLICIES: dict[str, Callable[..., Policy]] = {"mlp": _build_mlp, "cnn": _build_cnn, "squashed_mlp": _build_squashed_mlp,
+                                              "flow_mlp": _build_flow_mlp}
 
 
 def register_policy(name: str, builder: Callable[..., Policy] | None = None):
