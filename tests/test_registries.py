@@ -62,7 +62,7 @@ def test_plugin_import_registers_in_a_fresh_process():
 
 
 def test_policy_name_is_checked_against_the_registry():
-    with pytest.raises(ConfigError, match=r"^policy\.name: 'nope' is not a registered policy; known: cnn, mlp, .*squashed_mlp"):
+    with pytest.raises(ConfigError, match=r"^policy\.name: 'nope' is not a registered policy; known: cnn, .*mlp, .*squashed_mlp"):
         load_config("ppo-cartpole", ["policy.name=nope"])
     cfg = load_config("ppo-cartpole", [PLUGIN, "policy.name=shared_mlp"])  # the plugin registers it
     assert cfg.policy.name == "shared_mlp"
