@@ -163,6 +163,7 @@ def cmd_collect(args) -> int:
             with torch.inference_mode():
                 noise = None if deterministic else policy.sample_noise(1, generator=noise_rng)
                 a, _, _ = policy.act(torch.as_tensor(obs, dtype=torch.float32)[None], deterministic=deterministic, noise=noise)
+                a = policy.env_action(a)
             return np.clip(a[0, 0].numpy(), act_space.low, act_space.high) if hasattr(act_space, "low") else a[0, 0].numpy()
 
         act_fn = policy_action

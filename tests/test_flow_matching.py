@@ -287,3 +287,19 @@ def test_registry_spaces_and_config_kwargs():
     assert isinstance(p, FlowPolicy) and p.has_critic and p.act(torch.randn(2, 7))[0].shape == (2, 11, 2, 2)
     with pytest.raises(ValueError, match="sampler"):
         build_policy("flow_mlp", OBS, BOX, sampler="ode")
+
+
+def test_ppo_trains_a_flow_policy_through_the_runner(ray_session, tmp_path):
+    """The on-policy workers carry the stored chain (learner) and the executed chunk (env) apart."""
+    from tests.helpers import QUIET, read_metrics, train
+
+    rc, out = train(
+        "ppo-halfcheetah", "env.id=Pendulum-v1", "policy.name=flow_mlp", "policy.kwargs.steps=3",
+        "policy.kwargs.hidden=[32,32]", "env.chunk=2", "env.num_envs=2", "train.rollout_steps=16",
+        "train.total_env_steps=128", "algorithm.epochs=1", "train.eval_every=2", "train.eval_episodes=1",
+        f"run.dir={tmp_path / 'run'}", *QUIET,
+    )
+    assert rc == 0, out
+    rows = read_metrics(tmp_path / "run")
+    assert rows[-1]["env_steps"] == 128
+    assert all(math.isfinite(r["train/approx_kl"]) for r in rows if "train/approx_kl" in r)

@@ -137,6 +137,9 @@ class PolicyConfig:
     log_std_init: float = 0.0
     ortho_init: bool = True
     state_dependent_std: bool = True  # squashed_mlp: log-stds from the network, or one free parameter per action dim
+    # keywords of the named builder beyond the ones above (e.g. flow_mlp: steps, sampler, noise_level;
+    # vla: head, image_size, ...), passed to it as they are; the builder refuses the ones it does not take
+    kwargs: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -52,7 +52,7 @@ def load_expert(spec: str, observation_space, action_space) -> Callable[[np.ndar
 
         def expert(obs: np.ndarray) -> np.ndarray:
             with torch.inference_mode():
-                a, _, _ = policy.act(torch.as_tensor(np.asarray(obs), dtype=torch.float32), deterministic=True)
+                a = policy.env_action(policy.act(torch.as_tensor(np.asarray(obs), dtype=torch.float32), deterministic=True)[0])
             return a[:, 0].reshape(len(obs), -1).numpy()
     else:
         expert = _import(spec)

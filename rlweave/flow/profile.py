@@ -46,7 +46,7 @@ def measure_stage_costs(env_cfg: dict, policy, total_envs: int, repeats: int = 1
             x = torch.from_numpy(np.array(obs[sl]))
             x = x.float() if x.dtype != torch.uint8 else x
             with torch.inference_mode():
-                action = policy.act(x)[0].numpy()
+                action = policy.env_action(policy.act(x)[0]).numpy()
                 costs.infer.add(rows, median_time(lambda: policy.act(x), repeats))
             if not hasattr(space, "n"):
                 action = np.clip(action, space.low, space.high)

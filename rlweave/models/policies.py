@@ -189,6 +189,12 @@ class Policy(nn.Module):
         entropy = (log_std.sum() + self.head_dim * (0.5 + _HALF_LOG_2PI)).expand(B)
         return log_prob, entropy, value
 
+    def env_action(self, stored: Tensor) -> Tensor:
+        """The action to execute for an action ``act`` returned. Identity here; a policy whose
+        stored action carries more than the env needs (a flow policy's denoising chain, kept so
+        the learner can recompute its log-prob) returns the executed part."""
+        return stored
+
     def value(self, obs: Tensor) -> Tensor:
         if not self.has_critic:
             return torch.zeros(obs.shape[0], device=obs.device)

@@ -42,6 +42,7 @@ def policy_kwargs(cfg: DictConfig) -> dict:
     builds the policy imports the module that registered it."""
     p = OmegaConf.to_container(cfg.policy)
     name = p.pop("name")
+    extra = p.pop("kwargs", None) or {}
     spec = get_algorithm(cfg.algorithm.name)
     kwargs: dict = {"name": name, "critic": spec.uses_critic and spec.kind == "on_policy",
                     "plugins": list(cfg.algorithm.plugins)}
@@ -54,6 +55,7 @@ def policy_kwargs(cfg: DictConfig) -> dict:
         kwargs.update(log_std_init=p["log_std_init"])
     else:
         kwargs.update(p, hidden=tuple(p["hidden"]))
+    kwargs.update(extra)
     return kwargs
 
 

@@ -33,7 +33,7 @@ def evaluate_policy(policy: Policy, env_cfg: dict, episodes: int, seed: int, gam
             with torch.inference_mode():
                 t = torch.from_numpy(obs)
                 action, _, _ = policy.act(t.float() if float_obs else t, deterministic=True)
-            res = env.step(action.numpy(), auto_reset=False, active=active)
+            res = env.step(policy.env_action(action).numpy(), auto_reset=False, active=active)
             active &= ~(res.terminated | res.truncated)
             obs = res.obs
         stats = env.episode_stats()

@@ -118,7 +118,7 @@ class EnvWorker(Worker):
                 for key in ("action", "log_prob", "value"):
                     buf[key][t, sl] = reply[key]
                 act = active[sl] if episodic is not None else None
-                res = env.step(reply["action"], auto_reset=episodic is None, active=act, envs=sl)
+                res = env.step(reply.get("env_action", reply["action"]), auto_reset=episodic is None, active=act, envs=sl)
                 buf["rewards"][t, sl] = res.reward
                 buf["terminated"][t, sl] = res.terminated
                 buf["truncated"][t, sl] = res.truncated
@@ -222,7 +222,7 @@ class EnvWorker(Worker):
                 action, version = None, -1
             else:
                 reply, _ = self.rollout.result(self._request(obs, slice(0, n), None, t))
-                action, version = reply["action"], int(reply["version"])
+                action, version = reply.get("env_action", reply["action"]), int(reply["version"])
                 t_infer += reply["time/compute"]
             stored = None
             if labelling is not None:

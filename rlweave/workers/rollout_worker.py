@@ -64,14 +64,18 @@ class RolloutWorker(Worker):
                 x = x.float()
             with torch.inference_mode():
                 action, log_prob, value = (t.cpu() for t in self.policy.act(x, noise=noise))
+                executed = self.policy.env_action(action)
             self.requests += 1
             self.rows += hi - lo
             spent = time.perf_counter() - t0
             self.compute_s += spent
             if self.record_events:
                 self.events.append((f"infer {hi - lo} rows", t0, spent))
-        return {"action": action.numpy(), "log_prob": log_prob.numpy(), "value": value.numpy(), "time/compute": spent,
-                "version": self.version}
+        reply = {"action": action.numpy(), "log_prob": log_prob.numpy(), "value": value.numpy(), "time/compute": spent,
+                 "version": self.version}
+        if executed is not action:  # the stored action (learner) differs from the executed one (env)
+            reply["env_action"] = executed.numpy()
+        return reply
 
     @group_method("all")
     def stats(self) -> dict:
