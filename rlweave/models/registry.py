@@ -69,8 +69,16 @@ def _build_flow_mlp(observation_space, action_space, log_std_init: float | None 
     return FlowPolicy(int(observation_space.shape[0]), action_space, **kwargs)
 
 
+def _build_vla(observation_space, action_space, **kwargs):
+    """Vision-language-action policy (``rlweave.models.vla``: imported on first use, so rlweave
+    itself never needs transformers)."""
+    from .vla.space import build_vla_policy
+    return build_vla_policy(observation_space, action_space, **kwargs)
+
+
 POLICIES: dict[str, Callable[..., Policy]] = {"mlp": _build_mlp, "cnn": _build_cnn, "squashed_mlp": _build_squashed_mlp,
-                                              "flow_mlp": _build_flow_mlp}
+                                              "flow_mlp": _build_flow_mlp,
+                                              "vla": _build_vla}
 
 
 def register_policy(name: str, builder: Callable[..., Policy] | None = None):
