@@ -118,7 +118,7 @@ def test_bc_loss_overfits_a_fixed_batch(head):
     assert after < 0.65 * before, (before, after)  # flow matching's loss has a floor of noise: not 0
 
 
-def test_lora_freezes_base_weights_and_merges():
+def test_lora_freezes_base_weights_and_merges(tmp_path):
     policy = make_policy("chunk", lora_rank=4, lora_vision=False)
     lm = policy.backbone.causal_lm()
     base = {n: p for n, p in lm.named_parameters() if "lora_" not in n}
@@ -137,6 +137,7 @@ def test_lora_freezes_base_weights_and_merges():
     assert all(torch.equal(frozen[n], p) for n, p in base.items())
     policy.eval()
     before = policy.act(obs, deterministic=True)[0]
+    assert torch.equal(load_vla(save_vla(policy, tmp_path / "lora")).eval().act(obs, deterministic=True)[0], before)
     policy.merge_lora()
     assert policy.cfg.lora_rank == 0 and not any("lora_" in n for n, _ in policy.named_parameters())
     torch.testing.assert_close(policy.act(obs, deterministic=True)[0], before, atol=1e-4, rtol=1e-4)
@@ -155,9 +156,14 @@ def test_instruction_cache_tokenizer_and_inputs(policies):
     again = build_tokenizer(list(reversed(INSTRUCTIONS)) * 2)
     assert again.get_vocab() == policy.tokenizer.get_vocab()
     assert len(build_tokenizer(None)) > 3 and FALLBACK_CORPUS
-    # images of another size are resized inside the model
-    small = build_policy("vla", obs_space(size=24), ACT_SPACE, chunk=H, head="chunk", image_size=32, **TINY)
-    assert small.act(make_obs(5, size=24), deterministic=True)[0].shape == (B, H, A)
+    # images of another size are resized inside the model; a second camera adds its own tokens
+    space = obs_space(size=24)
+    space.spaces["image_wrist"] = gym.spaces.Box(0, 255, (S, S, 3), np.uint8)
+    two = build_policy("vla", space, ACT_SPACE, chunk=H, head="chunk", image_size=32, **TINY)
+    assert two.cfg.cameras == ["image", "image_wrist"]
+    obs = {**make_obs(5, size=24), "image_wrist": make_obs(6)["image"]}
+    assert two.backbone.images(obs).shape == (B, 2 * two.cfg.image_tokens, TINY["lm_hidden"])
+    assert two.act(obs, deterministic=True)[0].shape == (B, H, A)
 
 
 def test_wrong_observation_space_is_one_line():
@@ -195,4 +201,6 @@ def test_paligemma_folder_loads_its_vision_projector_and_lm(tmp_path):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     emb = policy.backbone.causal_lm().get_input_embeddings().weight
     torch.testing.assert_close(emb[:300], pg.get_input_embeddings().weight)
-    assert policy.act(obs, deterministic=True)[0].shape == (B, H, A)
+    action = policy.act(obs, deterministic=True)[0]
+    assert action.shape == (B, H, A)
+    assert torch.equal(load_vla(save_vla(policy, tmp_path / "saved")).eval().act(obs, deterministic=True)[0], action)

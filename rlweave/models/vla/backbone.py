@@ -205,17 +205,19 @@ class VLABackbone(nn.Module):
         return self.image_mean.device
 
     # ---- the prefix ---------------------------------------------------------------------------
+    def pixels(self, frames: Any) -> Tensor:
+        """uint8 [B, H, W, 3] -> normalised float [B, 3, S, S] at the tower's size S."""
+        size = self.cfg.image_size
+        x = as_tensor(frames, self.device).permute(0, 3, 1, 2).to(self.image_mean.dtype)
+        if x.shape[-2:] != (size, size):
+            x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=x.shape[-1] > size)
+        return (x * (1.0 / 255.0) - self.image_mean) / self.image_std
+
     def images(self, obs: Mapping[str, Any]) -> Tensor:
-        """Every configured camera through the tower in one batch -> projected tokens [B, C*N, D]."""
-        cfg = self.cfg
-        frames = [as_tensor(obs[name], self.device) for name in cfg.cameras]
-        x = torch.cat(frames, 0) if len(frames) > 1 else frames[0]  # [C*B, H, W, 3], camera-major
-        x = x.permute(0, 3, 1, 2).to(self.image_mean.dtype)
-        if x.shape[-2:] != (cfg.image_size, cfg.image_size):
-            down = x.shape[-1] > cfg.image_size
-            x = F.interpolate(x, size=(cfg.image_size, cfg.image_size), mode="bilinear", align_corners=False,
-                              antialias=down)
-        x = (x * (1.0 / 255.0) - self.image_mean) / self.image_std
+        """Every configured camera through the tower in one batch -> projected tokens [B, C*N, D]
+        (camera by camera in ``cfg.cameras`` order; cameras may differ in size)."""
+        frames = [self.pixels(obs[name]) for name in self.cfg.cameras]
+        x = torch.cat(frames, 0) if len(frames) > 1 else frames[0]  # [C*B, 3, S, S], camera-major
         feats = self.vision_model()(pixel_values=x).last_hidden_state  # [C*B, N, Dv]
         tokens = self.projector(feats)
         C, B = len(frames), frames[0].shape[0]

@@ -6,8 +6,8 @@ so the policy class holds no per-head branches:
 * ``discrete`` (OpenVLA): every action dimension is cut into ``bins`` uniform bins, each bin one
   LM token after the text vocabulary; the H*A tokens of a chunk are decoded autoregressively with
   the KV cache. The distribution over a token is the softmax over the action tokens only (a
-  proper distribution whose every outcome is a valid action; OpenVLA takes the argmax over the
-  full vocabulary and hopes). ``act`` returns bin centres, so ``evaluate`` (one teacher-forced
+  proper distribution whose every outcome is a valid action; OpenVLA decodes over the full
+  vocabulary, where a non-action token is possible). ``act`` returns bin centres, so ``evaluate`` (one teacher-forced
   pass) re-bins them to the same tokens and reproduces the log-prob.
 * ``chunk`` (OpenVLA-OFT): H learned query embeddings appended after the prefix, read in one
   parallel pass, an MLP per query -> [B, H, A] means; behaviour cloning by L1 (OFT's choice); for
