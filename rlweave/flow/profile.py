@@ -15,6 +15,8 @@ import torch
 
 from rlweave.flow.planner import Planner, physical_cores
 from rlweave.flow.simulate import StageCosts
+from rlweave.models.inputs import float_observations, policy_input
+from rlweave.utils.tree import tree_index, tree_map
 
 
 def median_time(fn, repeats: int) -> float:
@@ -43,8 +45,7 @@ def measure_stage_costs(env_cfg: dict, policy, total_envs: int, repeats: int = 1
     try:
         for rows in sorted({total_envs, max(1, total_envs // 2)}):
             sl = slice(0, rows)
-            x = torch.from_numpy(np.array(obs[sl]))
-            x = x.float() if x.dtype != torch.uint8 else x
+            x = policy_input(tree_index(obs, sl), float_observations(env.single_observation_space), copy=True)
             with torch.inference_mode():
                 action = policy.env_action(policy.act(x)[0]).numpy()
                 costs.infer.add(rows, median_time(lambda: policy.act(x), repeats))
@@ -55,7 +56,7 @@ def measure_stage_costs(env_cfg: dict, policy, total_envs: int, repeats: int = 1
         torch.set_num_threads(threads)
         env.close()
     if ray_round_trip:
-        costs.remote_overhead = _ray_round_trip(np.array(obs))
+        costs.remote_overhead = _ray_round_trip(tree_map(np.array, obs))
     return costs
 
 

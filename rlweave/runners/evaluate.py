@@ -7,6 +7,7 @@ import torch
 
 from rlweave.envs import VectorEnv
 from rlweave.models import Policy
+from rlweave.models.inputs import float_observations, policy_input
 
 
 def evaluate_policy(policy: Policy, env_cfg: dict, episodes: int, seed: int, gamma: float = 0.99) -> dict:
@@ -27,12 +28,11 @@ def evaluate_policy(policy: Policy, env_cfg: dict, episodes: int, seed: int, gam
     try:
         obs = env.reset()
         active = np.ones(episodes, dtype=bool)
-        float_obs = obs.dtype != np.uint8
+        float_obs = float_observations(env.single_observation_space)
         policy.eval()
         while active.any():
             with torch.inference_mode():
-                t = torch.from_numpy(obs)
-                action, _, _ = policy.act(t.float() if float_obs else t, deterministic=True)
+                action, _, _ = policy.act(policy_input(obs, float_obs), deterministic=True)
             res = env.step(policy.env_action(action).numpy(), auto_reset=False, active=active)
             active &= ~(res.terminated | res.truncated)
             obs = res.obs
@@ -49,4 +49,6 @@ def evaluate_policy(policy: Policy, env_cfg: dict, episodes: int, seed: int, gam
     }
     if stats["success"]:
         out["eval/success_rate"] = float(np.mean(stats["success"]))
+    for task, flags in sorted((stats.get("success_by_task") or {}).items()):  # multi-task suites
+        out[f"eval/success_rate/{task}"] = float(np.mean(flags))
     return out

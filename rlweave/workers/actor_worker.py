@@ -24,6 +24,8 @@ from rlweave.algorithms import (OnPolicyAdvantageInput, OnPolicyLossInput, algor
 from rlweave.cluster import Worker
 from rlweave.models import build_policy
 from rlweave.models.flat import FlatParameters
+from rlweave.models.inputs import float_observations, policy_input
+from rlweave.utils.tree import is_dict, tree_map
 from rlweave.utils.memory import device_memory_mb, peak_rss_mb
 from rlweave.workers.channels import ChannelSpec
 from rlweave.sync.weights import WeightPacket, pack_state, share_packet
@@ -58,7 +60,7 @@ class ActorWorker(Worker):
             **policy_cfg,
         )
         self.policy.to(self.device)  # the slot's GPU when there is one
-        self.float_obs = observation_space.dtype != np.uint8
+        self.float_obs = float_observations(observation_space)
         self.offloaded = False
         # One flat buffer behind all parameters and gradients: fused Adam and gradient clipping are
         # then one kernel each per step (small-MLP updates are bound by per-op overhead).
@@ -116,22 +118,21 @@ class ActorWorker(Worker):
         metrics.update({f"device/{k}": v for k, v in device_memory_mb(self.device).items()})
         return metrics
 
-    def _obs(self, x: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(np.ascontiguousarray(x))
-        return t.float() if self.float_obs else t
+    def _obs(self, x, device=None):
+        return policy_input(tree_map(np.ascontiguousarray, x), self.float_obs, device)
 
     def _prepare(self, trajs: list[dict]) -> tuple[TensorDict, dict, bool]:
         """Concatenates this rank's trajectories along the env axis and computes advantages with
         the algorithm's registered estimator. Returns the batch, metrics, and whether the
         minibatches' advantages are to be whitened (the estimator says)."""
-        cat = lambda k, axis=1: np.concatenate([np.asarray(t[k]) for t in trajs], axis=axis)  # noqa: E731
+        cat = lambda k, axis=1: _concat([t[k] for t in trajs], axis)  # noqa: E731
         T = min(t["rewards"].shape[0] for t in trajs)
         if any(t["rewards"].shape[0] != T for t in trajs):  # episodic trajectories differ in length
             trajs = [_pad_time(t, max(tt["rewards"].shape[0] for tt in trajs)) for t in trajs]
             T = trajs[0]["rewards"].shape[0]
-        obs = cat("obs")  # [T, N, *obs]
-        N = obs.shape[1]
-        flat_obs = self._obs(obs.reshape(T * N, *obs.shape[2:]))
+        obs = cat("obs")  # [T, N, *obs] (each leaf of a dict observation)
+        N = _leaf(obs).shape[1]
+        flat_obs = self._obs(tree_map(lambda v: v.reshape(T * N, *v.shape[2:]), obs))
         rewards = torch.from_numpy(cat("rewards")).float()
         terminated = torch.from_numpy(cat("terminated"))
         truncated = torch.from_numpy(cat("truncated"))
@@ -140,13 +141,13 @@ class ActorWorker(Worker):
         with torch.no_grad():
             if self.spec.uses_critic:
                 # Bootstrap through time limits: r += gamma * V(final obs) where an episode was truncated.
-                offsets = np.cumsum([0] + [t["obs"].shape[1] for t in trajs])
+                offsets = np.cumsum([0] + [_leaf(t["obs"]).shape[1] for t in trajs])
                 idx = np.concatenate([t["boot_idx"] + np.array([0, off]) for t, off in zip(trajs, offsets)])
                 if len(idx):
-                    boot_obs = self._obs(np.concatenate([t["boot_obs"] for t in trajs]))
-                    v = self.policy.value(boot_obs.to(self.device)).cpu()
+                    boot_obs = self._obs(cat("boot_obs", 0), self.device)
+                    v = self.policy.value(boot_obs).cpu()
                     rewards[idx[:, 0], idx[:, 1]] += self.cfg["gamma"] * v
-                last_value = self.policy.value(self._obs(cat("last_obs", 0)).to(self.device)).cpu()
+                last_value = self.policy.value(self._obs(cat("last_obs", 0), self.device)).cpu()
             episodic = "mask" in trajs[0]  # episodic collections (episodic_groups) mark their padding
             est = self.estimator(OnPolicyAdvantageInput(
                 rewards=rewards, values=old_values, dones=(terminated | truncated).float(), next_value=last_value,
@@ -310,7 +311,17 @@ def _pad_time(traj: dict, T: int) -> dict:
     if t == T:
         return out
     for k in ("obs", "action", "log_prob", "value", "rewards", "terminated", "truncated", "mask"):
-        v = np.asarray(traj[k])
-        pad = np.zeros((T - t, *v.shape[1:]), dtype=v.dtype)
-        out[k] = np.concatenate([v, pad])
+        out[k] = tree_map(lambda v: np.concatenate([v, np.zeros((T - t, *v.shape[1:]), dtype=v.dtype)]), traj[k])
     return out
+
+
+def _concat(items: list, axis: int):
+    """Concatenates arrays (or dict observations, leaf by leaf) along ``axis``."""
+    if is_dict(items[0]):
+        return {k: np.concatenate([np.asarray(it[k]) for it in items], axis=axis) for k in items[0]}
+    return np.concatenate([np.asarray(it) for it in items], axis=axis)
+
+
+def _leaf(x):
+    """An array of ``x`` (x itself, or a dict observation's first leaf): for its shape."""
+    return next(iter(x.values())) if is_dict(x) else x

@@ -15,6 +15,7 @@ from rlweave.workers.channels import ChannelSpec
 from rlweave.data.replay import NStepWriter
 from rlweave.sync.weights import WeightPacket
 from rlweave.cluster.dispatch import group_method
+from rlweave.utils.tree import tree_index, tree_map, tree_set, tree_stack, tree_zeros
 
 
 class EnvWorker(Worker):
@@ -86,7 +87,7 @@ class EnvWorker(Worker):
         t_env = t_wait = 0.0
         start_steps, start_dropped = env.steps, env.dropped_episodes
         buf: dict[str, np.ndarray] = {
-            "obs": np.zeros((num_steps, *obs.shape), dtype=obs.dtype),  # rows after an episodic slice ends stay 0
+            "obs": tree_zeros(num_steps, obs),  # rows after an episodic slice ends stay 0
             "rewards": np.zeros((num_steps, n), dtype=np.float32),
             "terminated": np.zeros((num_steps, n), dtype=bool),
             "truncated": np.zeros((num_steps, n), dtype=bool),
@@ -95,15 +96,15 @@ class EnvWorker(Worker):
         mask = np.zeros((num_steps, n), dtype=bool)
         episode_return = np.zeros(n, dtype=np.float64)
         boot_idx: list[tuple[int, int]] = []
-        boot_obs: list[np.ndarray] = []
+        boot_obs: list = []
         t_infer = 0.0
         events: list[tuple[str, float, float]] | None = [] if self.record_events else None
         live = [True] * k  # slice still has steps to take (episodic: some env still active)
         last_t = [-1] * k
         pending = [None] * k
         for j, sl in enumerate(slices):
-            buf["obs"][0, sl] = obs[sl]
-            pending[j] = self._request(obs[sl], sl, version, 0)
+            tree_set(buf["obs"], (0, sl), tree_index(obs, sl))
+            pending[j] = self._request(tree_index(obs, sl), sl, version, 0)
         for t in range(num_steps):
             for j, sl in enumerate(slices):
                 if not live[j]:
@@ -133,7 +134,7 @@ class EnvWorker(Worker):
                     live[j] = bool(active[sl].any())
                 w2 = time.perf_counter()
                 if t + 1 < num_steps and live[j]:
-                    buf["obs"][t + 1, sl] = res.obs
+                    tree_set(buf["obs"], (t + 1, sl), res.obs)
                     pending[j] = self._request(res.obs, sl, version, t + 1)
                 w3 = time.perf_counter()
                 t_wait += (w1 - w0) + (w3 - w2)  # waiting for the reply, sending the next request
@@ -145,10 +146,10 @@ class EnvWorker(Worker):
         obs = env.obs
         steps = max(last_t) + 1
         self.decisions += num_steps
-        traj = {k_: v[:steps] for k_, v in buf.items()}
+        traj = {k_: tree_index(v, slice(0, steps)) for k_, v in buf.items()}
         traj["last_obs"] = obs
         traj["boot_idx"] = np.asarray(boot_idx, dtype=np.int64).reshape(-1, 2)
-        traj["boot_obs"] = np.asarray(boot_obs, dtype=obs.dtype).reshape(-1, *obs.shape[1:])
+        traj["boot_obs"] = tree_stack(boot_obs) if boot_obs else tree_zeros(0, tree_index(obs, 0))
         if episodic is not None:
             traj["mask"] = mask[:steps]
             traj["episode_return"] = episode_return.astype(np.float32)
@@ -279,7 +280,7 @@ class EnvWorker(Worker):
         micro-batch split or on which rollout replica answers."""
         noise_seed = int(np.random.SeedSequence([self.seed, self.rank, self.decisions + t]).generate_state(1)[0])
         rows = (envs.start, envs.stop, self.env.num_envs)
-        return self.rollout.submit("infer", np.ascontiguousarray(obs), version, noise_seed, rows)
+        return self.rollout.submit("infer", tree_map(np.ascontiguousarray, obs), version, noise_seed, rows)
 
     @group_method("peers")
     def configure_rollout(self, rollout: Peer) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from rlweave.cluster import Worker
 from rlweave.models import build_policy, flat_params_checksum
+from rlweave.models.inputs import float_observations, policy_input
 from rlweave.utils.memory import device_memory_mb, peak_rss_mb
 from rlweave.sync.weights import WeightPacket, resolve_buckets, unpack_into
 from rlweave.cluster.dispatch import group_method
@@ -41,9 +42,9 @@ class RolloutWorker(Worker):
         self.offloaded = False
         self._loaded_checksum: str | None = None
         self.shapes = {name: p.shape for name, p in self.policy.named_parameters()}
-        self.float_obs = not (hasattr(observation_space, "dtype") and observation_space.dtype == np.uint8)
+        self.float_obs = float_observations(observation_space)
 
-    def infer(self, obs: np.ndarray, version: int | None, noise_seed: int, rows: tuple[int, int, int]) -> dict:
+    def infer(self, obs: np.ndarray | dict, version: int | None, noise_seed: int, rows: tuple[int, int, int]) -> dict:
         """Actions, log-probs and values for one request. ``rows = (lo, hi, n)``: the request holds
         rows lo..hi of its env worker's n envs, and uses those rows of the noise drawn for all n
         from ``noise_seed`` (so a micro-batch gets exactly the actions the whole batch would).
@@ -59,9 +60,7 @@ class RolloutWorker(Worker):
                 raise RuntimeError("rollout replica is offloaded: load weights before asking for actions")
             lo, hi, n = rows
             noise = self.policy.sample_noise(n, torch.Generator().manual_seed(noise_seed))[lo:hi]
-            x = torch.from_numpy(np.array(obs)).to(self.device)  # a writable copy (Ray hands read-only arrays)
-            if self.float_obs:
-                x = x.float()
+            x = policy_input(obs, self.float_obs, self.device, copy=True)  # a writable copy (Ray hands read-only arrays)
             with torch.inference_mode():
                 action, log_prob, value = (t.cpu() for t in self.policy.act(x, noise=noise))
                 executed = self.policy.env_action(action)
