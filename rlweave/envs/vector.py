@@ -8,7 +8,11 @@ same-step auto-reset mode and adds what every rlweave workflow needs from the en
 * optional reward scaling (running std of the discounted return, as in PPO implementations);
 * a check that observations and rewards are finite, failing with env id, worker rank and step
   (or dropping the offending episode and counting it, when configured);
-* the final observation of truncated episodes, so learners can bootstrap through time limits.
+* the final observation of truncated episodes, so learners can bootstrap through time limits;
+* observations that are one array or a flat ``gymnasium.spaces.Dict`` of boxes (manipulation
+  suites: images, state, instruction bytes), handled leaf by leaf through :mod:`rlweave.utils.tree`;
+* multi-task suites: a maker that takes ``slot`` learns each env's global index (rank * num_envs +
+  i) to pick its task, and ``info["task_name"]`` splits the success statistics per task.
 
 Simulators register a *suite* (``gym`` is built in); ``suite/task`` ids go to that suite's maker,
 imported lazily so a missing optional simulator only fails when asked for.
@@ -16,7 +20,9 @@ imported lazily so a missing optional simulator only fails when asked for.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -25,6 +31,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlweave.envs.snapshot import restore_env, snapshot_env
+from rlweave.utils.tree import Tree, tree_copy, tree_index, tree_items, tree_set, tree_shapes, tree_stack
 
 
 class EnvError(RuntimeError):
@@ -33,8 +40,10 @@ class EnvError(RuntimeError):
 
 # --------------------------------------------------------------------------- suites (registry)
 # suite name -> "module:function" building ONE gymnasium env: fn(task, render: dict | None, **kwargs)
+# (a maker may also take ``slot``: the env's global index, for suites that assign tasks to envs)
 SUITES: dict[str, tuple[str, str]] = {
     "gym": ("rlweave.envs.gym_suite:make_env", ""),
+    "metaworld": ("rlweave.envs.metaworld_suite:make_env", "metaworld"),
 }
 
 
@@ -44,6 +53,8 @@ def register_suite(name: str, target: str, extra: str = "") -> None:
 
 
 def env_maker(env_id: str) -> Callable[..., gym.Env]:
+    """The maker of ``env_id`` with its task bound: call it with the suite's keywords. A partial,
+    so ``inspect.signature`` still shows which keywords (``slot``) the suite takes."""
     suite, _, task = env_id.partition("/") if "/" in env_id and env_id.split("/")[0] in SUITES else ("gym", "", env_id)
     target, extra = SUITES[suite]
     module, _, fn = target.partition(":")
@@ -52,14 +63,17 @@ def env_maker(env_id: str) -> Callable[..., gym.Env]:
     except ImportError as e:
         hint = f"; install it with: pip install 'rlweave[{extra}]'" if extra else ""
         raise EnvError(f"env.id '{env_id}': suite '{suite}' is not installed ({e}){hint}") from None
-    make = getattr(mod, fn)
-    return lambda **kw: make(task, **kw)
+    return functools.partial(getattr(mod, fn), task)
 
 
 # --------------------------------------------------------------------------- statistics
 @dataclass
 class EpisodeStats:
-    """Accumulates raw per-env returns and reports finished episodes."""
+    """Accumulates raw per-env returns and reports finished episodes.
+
+    Once an env reports ``info["task_name"]``, finished successes are also kept per task and
+    :meth:`pop` adds ``success_by_task`` (a multi-task mean hides which tasks are solved); runs on
+    single-task envs keep exactly the three plain keys."""
 
     num_envs: int
     returns: np.ndarray = field(init=False)
@@ -67,16 +81,22 @@ class EpisodeStats:
     finished_returns: list = field(default_factory=list)
     finished_lengths: list = field(default_factory=list)
     finished_success: list = field(default_factory=list)
+    success_by_task: dict = field(default_factory=dict)
+    has_tasks: bool = False
 
     def __post_init__(self) -> None:
         self.returns = np.zeros(self.num_envs, dtype=np.float64)
         self.lengths = np.zeros(self.num_envs, dtype=np.int64)
 
-    def finish(self, i: int, success: float | None) -> None:
+    def finish(self, i: int, success: float | None, task: str | None = None) -> None:
         self.finished_returns.append(float(self.returns[i]))
         self.finished_lengths.append(int(self.lengths[i]))
         if success is not None:
             self.finished_success.append(float(success))
+        if task is not None:
+            self.has_tasks = True
+            if success is not None:
+                self.success_by_task.setdefault(task, []).append(float(success))
         self.returns[i] = 0.0
         self.lengths[i] = 0
 
@@ -84,9 +104,14 @@ class EpisodeStats:
         self.returns[i] = 0.0
         self.lengths[i] = 0
 
-    def pop(self) -> dict[str, list]:
-        out = {"return": self.finished_returns, "length": self.finished_lengths, "success": self.finished_success}
+    def pop(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "return": self.finished_returns, "length": self.finished_lengths, "success": self.finished_success,
+        }
+        if self.has_tasks:
+            out["success_by_task"] = self.success_by_task
         self.finished_returns, self.finished_lengths, self.finished_success = [], [], []
+        self.success_by_task = {}
         return out
 
 
@@ -128,11 +153,11 @@ class StepResult:
     ``obs`` is the observation for the next decision: after a finished episode, the first
     observation of the next one."""
 
-    obs: np.ndarray
+    obs: Tree  # [n, ...] array, or a dict of such arrays for Dict observation spaces
     reward: np.ndarray  # possibly scaled; raw rewards go to the episode statistics
     terminated: np.ndarray
     truncated: np.ndarray
-    final_obs: dict[int, np.ndarray]  # env index -> last observation of a truncated episode
+    final_obs: dict[int, Tree]  # env index -> last observation of a truncated episode
     dropped: np.ndarray  # envs whose episode was dropped for non-finite values
 
 
@@ -167,26 +192,29 @@ class VectorEnv:
             make_kwargs["max_episode_steps"] = max_episode_steps
         if pixels and pixels.get("enabled"):
             make_kwargs["pixels"] = pixels
-        self.envs = [make(**make_kwargs) for _ in range(num_envs)]
+        takes_slot = "slot" in inspect.signature(make).parameters
+        self.envs = [
+            make(**make_kwargs, slot=rank * num_envs + i) if takes_slot else make(**make_kwargs) for i in range(num_envs)
+        ]
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
         self._box = isinstance(self.single_action_space, gym.spaces.Box)
-        self._obs_shape = tuple(self.single_observation_space.shape or ())
+        self._obs_shape = _space_shapes(env_id, self.single_observation_space)
         self.stats = EpisodeStats(num_envs)
         self.scaler = RewardScaler(num_envs, gamma, reward_clip) if normalize_reward else None
         self.steps = 0  # env steps taken by this worker (every env, every chunk element)
         self.dropped_episodes = 0
-        self._obs: np.ndarray | None = None
+        self._obs: Tree | None = None
         self._rng = np.random.default_rng(seed)
 
     def _seeds(self, n: int) -> list[int]:
         return [int(s) for s in self._rng.integers(0, 2**31 - 1, size=n)]
 
     # -- reset/step --------------------------------------------------------------------------
-    def reset(self, seed: list[int] | None = None) -> np.ndarray:
+    def reset(self, seed: list[int] | None = None) -> Tree:
         """Resets every env (``seed``: one per env; default: drawn from this worker's RNG)."""
         seeds = self._seeds(self.num_envs) if seed is None else list(seed)
-        obs = np.stack([env.reset(seed=s)[0] for env, s in zip(self.envs, seeds)])
+        obs = tree_stack([env.reset(seed=s)[0] for env, s in zip(self.envs, seeds)])
         self._check(obs, None, "reset")
         self._obs = obs
         self.stats.returns[:] = 0
@@ -194,7 +222,7 @@ class VectorEnv:
         return obs
 
     @property
-    def obs(self) -> np.ndarray:
+    def obs(self) -> Tree:
         return self.reset() if self._obs is None else self._obs
 
     def step(
@@ -211,13 +239,14 @@ class VectorEnv:
         is off; envs with ``active[i] == False`` are not stepped at all."""
         lo, hi, _ = envs.indices(self.num_envs)
         n = hi - lo
-        obs = self.obs[lo:hi].copy()
+        obs = tree_copy(tree_index(self.obs, slice(lo, hi)))
         total = np.zeros(n, dtype=np.float64)
         terminated = np.zeros(n, dtype=bool)
         truncated = np.zeros(n, dtype=bool)
         dropped = np.zeros(n, dtype=bool)
         success = np.full(n, np.nan)
-        final_obs: dict[int, np.ndarray] = {}
+        task: list[str | None] = [None] * n
+        final_obs: dict[int, Tree] = {}
         if self._box:
             space = self.single_action_space
             actions = np.clip(actions, space.low, space.high)
@@ -233,14 +262,14 @@ class VectorEnv:
                         f"raised {type(e).__name__}: {e}"
                     ) from e
                 self.steps += 1
-                if np.shape(o) != self._obs_shape:
+                if tree_shapes(o) != self._obs_shape:
                     raise EnvError(
                         f"env '{self.env_id}' (env worker rank {self.rank}, env {lo + i}, step {self.steps}) returned an "
-                        f"observation of shape {np.shape(o)}; its observation space has shape {self._obs_shape}"
+                        f"observation of shape {tree_shapes(o)}; its observation space has shape {self._obs_shape}"
                     )
                 if not _finite(o, r):
                     if self.on_nonfinite == "error":
-                        what = "reward" if np.all(np.isfinite(np.asarray(o, dtype=float))) else "observation"
+                        what = "reward" if _finite(o, 0.0) else "observation"
                         raise EnvError(
                             f"env '{self.env_id}' (env worker rank {self.rank}, env {lo + i}, step {self.steps}) "
                             f"returned a non-finite {what}"
@@ -250,17 +279,18 @@ class VectorEnv:
                 total[i] += r
                 self.stats.returns[lo + i] += r
                 self.stats.lengths[lo + i] += 1
-                obs[i] = o
+                tree_set(obs, i, o)
                 if te or tr:
                     terminated[i], truncated[i] = bool(te), bool(tr and not te)
                     if "success" in info or "is_success" in info:
                         success[i] = float(info.get("success", info.get("is_success")))
+                    task[i] = info.get("task_name")
                     break
         done = terminated | truncated
         for i in np.flatnonzero(done):
-            self.stats.finish(lo + int(i), None if np.isnan(success[i]) else success[i])
+            self.stats.finish(lo + int(i), None if np.isnan(success[i]) else success[i], task[i])
             if truncated[i]:
-                final_obs[int(i)] = obs[i].copy()
+                final_obs[int(i)] = tree_copy(tree_index(obs, i))
         for i in np.flatnonzero(dropped):
             self.dropped_episodes += 1
             self.stats.drop(lo + int(i))
@@ -268,26 +298,28 @@ class VectorEnv:
             terminated[i] = True  # the episode ends here for the learner; nothing to bootstrap
         if auto_reset:
             for i in np.flatnonzero(done | dropped):
-                obs[i] = self.envs[lo + i].reset(seed=self._seeds(1)[0])[0]
+                tree_set(obs, i, self.envs[lo + i].reset(seed=self._seeds(1)[0])[0])
         scaled = self.scaler(total, terminated | truncated, envs) if self.scaler is not None else total
         if hi - lo == self.num_envs:
             self._obs = obs
         else:  # a new array: observations handed out earlier never change under their holder
-            whole = self._obs.copy()
-            whole[lo:hi] = obs
+            whole = tree_copy(self._obs)
+            tree_set(whole, slice(lo, hi), obs)
             self._obs = whole
         return StepResult(obs, scaled.astype(np.float32), terminated, truncated, final_obs, dropped)
 
     # -- checks ------------------------------------------------------------------------------
-    def _check(self, obs: np.ndarray, reward: np.ndarray | None, where: str) -> None:
-        for i in range(obs.shape[0]):
-            if not _finite(obs[i], 0.0 if reward is None else reward[i]):
+    def _check(self, obs: Tree, reward: np.ndarray | None, where: str) -> None:
+        for i in range(self.num_envs):
+            if not _finite(tree_index(obs, i), 0.0 if reward is None else reward[i]):
                 raise EnvError(
                     f"env '{self.env_id}' (env worker rank {self.rank}, env {i}, step {self.steps}) "
                     f"returned a non-finite observation on {where}"
                 )
 
-    def episode_stats(self) -> dict[str, list]:
+    def episode_stats(self) -> dict[str, Any]:
+        """Finished episodes since the last call: ``return``, ``length``, ``success`` lists, and
+        ``success_by_task`` ({task name: successes}) for envs that report ``info["task_name"]``."""
         return self.stats.pop()
 
     # -- state -------------------------------------------------------------------------------
@@ -301,7 +333,7 @@ class VectorEnv:
             "dropped_episodes": self.dropped_episodes,
             "episodes": None if self._obs is None else {
                 "envs": [snapshot_env(env) for env in self.envs],
-                "obs": self._obs.copy(),
+                "obs": tree_copy(self._obs),
                 "returns": self.stats.returns.copy(),
                 "lengths": self.stats.lengths.copy(),
             },
@@ -321,7 +353,7 @@ class VectorEnv:
             raise ValueError(f"env state holds {len(running['envs'])} envs, this worker has {self.num_envs}")
         for env, snap in zip(self.envs, running["envs"]):
             restore_env(env, snap)
-        self._obs = running["obs"].copy()
+        self._obs = tree_copy(running["obs"])
         self.stats.returns[:] = running["returns"]
         self.stats.lengths[:] = running["lengths"]
 
@@ -330,9 +362,28 @@ class VectorEnv:
             env.close()
 
 
-def _finite(obs, reward) -> bool:
-    o = np.asarray(obs)
-    return bool(np.isfinite(reward)) and (o.dtype.kind != "f" or bool(np.isfinite(o).all()))
+def _finite(obs: Tree, reward) -> bool:
+    """Reward and every floating leaf finite (images, bytes and integer leaves cannot be NaN)."""
+    if not np.isfinite(reward):
+        return False
+    for _, leaf in tree_items(obs):
+        o = np.asarray(leaf)
+        if o.dtype.kind == "f" and not np.isfinite(o).all():
+            return False
+    return True
+
+
+def _space_shapes(env_id: str, space: gym.Space) -> tuple[int, ...] | dict[str, tuple[int, ...]]:
+    """The per-step observation shape to check against: one shape, or one per key of a flat Dict
+    of boxes (nested dicts and other leaf spaces are refused here, once, not at some later step)."""
+    if isinstance(space, gym.spaces.Dict):
+        bad = [k for k, s in space.spaces.items() if not isinstance(s, gym.spaces.Box)]
+        if bad:
+            raise EnvError(
+                f"env '{env_id}': Dict observation key(s) {bad} are not Box spaces; only flat dicts of boxes are supported"
+            )
+        return {k: tuple(s.shape) for k, s in space.spaces.items()}
+    return tuple(space.shape or ())
 
 
 def space_info(env_id: str, pixels: dict | None = None, kwargs: dict | None = None) -> tuple[gym.Space, gym.Space]:

@@ -1,0 +1,85 @@
+"""The contract every manipulation suite (MetaWorld, LIBERO, ManiSkill, ...) follows.
+
+One env's observation is a flat ``gymnasium.spaces.Dict``:
+
+* ``"image"``: ``Box(0, 255, (H, W, 3), uint8)``, the first camera, upright (top of the scene at
+  row 0). Further cameras are ``"image_<camera name>"``, same layout. Absent without pixels.
+* ``"state"``: ``Box(float32)``, proprioception only (e.g. end-effector xyz + gripper opening):
+  what a real robot knows about itself. Object and goal positions are not in it.
+* ``"instruction"``: ``Box(0, 255, (64,), uint8)``, the task's language instruction as UTF-8 bytes,
+  zero-padded (:func:`encode_instruction`). Text travels as an array, so channels, replay buffers,
+  ``tree_stack`` and checkpoints carry it like any other leaf; models decode or tokenize it.
+* ``"privileged"`` (optional): ``Box(float32)``, the simulator's full state, for scripted experts
+  and diagnostics only. Models must ignore it: it does not exist on a real robot.
+
+``info["success"]`` (bool) is set on every step and ``info["task_name"]`` names the task, so the
+env layer reports success per task in multi-task runs. Actions are a ``Box`` in [-1, 1].
+
+Rendering: MuJoCo's offscreen defaults (4x multisampling, shadows, reflections) cost about 15x at
+64x64 on a CPU (llvmpipe; ~10 fps against ~150 fps measured) and carry nothing a policy needs.
+:func:`fast_offscreen` must run BEFORE the render context is made (the buffer size and sample
+count are fixed when the context is created); :func:`fast_scene` then switches the scene's
+shadow and reflection flags off.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+INSTRUCTION_LENGTH = 64
+
+__all__ = [
+    "INSTRUCTION_LENGTH", "encode_instruction", "decode_instruction", "decode_instructions", "fast_offscreen",
+    "fast_scene", "instruction_space",
+]
+
+
+def encode_instruction(text: str, length: int = INSTRUCTION_LENGTH) -> np.ndarray:
+    """``text`` as UTF-8 bytes zero-padded to ``length`` (uint8). Too long is an error, not a
+    silent cut: a truncated instruction could name another task."""
+    data = text.encode("utf-8")
+    if len(data) > length:
+        raise ValueError(f"instruction is {len(data)} bytes, longer than {length}: {text!r}")
+    if b"\x00" in data:
+        raise ValueError(f"instruction contains a NUL byte (the padding): {text!r}")
+    out = np.zeros(length, dtype=np.uint8)
+    out[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+    return out
+
+
+def decode_instruction(array: Any) -> str:
+    """The text of one encoded instruction (a numpy array or a torch tensor of bytes)."""
+    raw = np.asarray(array.cpu() if hasattr(array, "cpu") else array, dtype=np.uint8).reshape(-1)
+    return raw.tobytes().split(b"\x00", 1)[0].decode("utf-8")
+
+
+def decode_instructions(batch: Any) -> list[str]:
+    """Texts of a batch of encoded instructions ``[n, length]``."""
+    raw = np.asarray(batch.cpu() if hasattr(batch, "cpu") else batch, dtype=np.uint8)
+    return [decode_instruction(row) for row in raw.reshape(-1, raw.shape[-1])]
+
+
+def instruction_space(length: int = INSTRUCTION_LENGTH):
+    """The ``"instruction"`` leaf of the observation space."""
+    import gymnasium as gym
+
+    return gym.spaces.Box(0, 255, (length,), dtype=np.uint8)
+
+
+def fast_offscreen(model: Any, width: int, height: int) -> None:
+    """Sets an ``MjModel``'s offscreen buffer to ``width`` x ``height`` with no multisampling.
+    Call before the renderer (``mujoco.Renderer``) is created: both are read when it makes its
+    framebuffer, and a buffer smaller than the default 640x480 is also cheaper to clear."""
+    model.vis.quality.offsamples = 0
+    model.vis.global_.offwidth = int(width)
+    model.vis.global_.offheight = int(height)
+
+
+def fast_scene(scene: Any) -> None:
+    """Switches shadows and reflections off on an ``mjvScene`` (each costs a render pass)."""
+    import mujoco
+
+    scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+    scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
