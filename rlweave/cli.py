@@ -16,6 +16,7 @@ RUNNERS = {
     "onpolicy": "rlweave.runners.onpolicy:OnPolicyRunner",
     "offpolicy": "rlweave.runners.offpolicy:OffPolicyRunner",
     "llm": "rlweave.runners.llm:LLMRunner",
+    "policy_sft": "rlweave.runners.policy_sft:PolicySFTRunner",
 }
 
 
@@ -124,61 +125,95 @@ def cmd_eval(args) -> int:
 
 
 def cmd_collect(args) -> int:
-    """Writes a Minari dataset of a run's policy (or of random actions) on the run's env."""
+    """Writes a Minari dataset on a run's env (or a recipe's): episodes of the run's policy, of a
+    scripted or trained expert (``--expert``), or of random actions."""
+    import inspect
     import re
 
     import torch
     from omegaconf import OmegaConf
 
-    from rlweave.config import ConfigError
+    from rlweave.config import ConfigError, load_config
     from rlweave.data.datasets import DatasetError, collect_dataset
+    from rlweave.data.experts import ExpertError, load_expert
     from rlweave.envs import env_maker
+    from rlweave.models.inputs import float_observations, policy_input
     from rlweave.models.run_policy import RunPolicyError, load_run_policy, read_run_config
     from rlweave.runners.checks import check_compatible
+    from rlweave.utils.tree import tree_index, tree_stack
 
-    run_dir = Path(args.run_dir)
+    source_path = Path(args.source)
+    is_run = (source_path / "config.yaml").is_file()
     if args.episodes < 1:
         return _fail(f"--episodes: must be >= 1, got {args.episodes}")
+    if not is_run and not args.expert and args.policy != "random":
+        return _fail(f"{args.source}: not a run folder; collecting on a recipe's env needs --expert or --policy random")
     try:
-        cfg = read_run_config(run_dir)
-        obs_space, act_space = check_compatible(cfg)
+        cfg = read_run_config(source_path) if is_run else load_config(args.source, args.overrides)
+        obs_space, act_space = check_compatible(cfg) if is_run else _spaces(cfg)
     except RunPolicyError as e:
         return _fail(str(e))
     except ConfigError as e:
-        return _fail(f"{run_dir / 'config.yaml'}: {e}")
-    if cfg.env.chunk != 1:
-        return _fail(f"env.chunk: datasets hold one action per step; this run has chunk {cfg.env.chunk}")
+        return _fail(f"{source_path / 'config.yaml' if is_run else args.source}: {e}")
     act_fn = None
     source = "uniform random actions"
-    if args.policy != "random":
+    if args.expert:
         try:
-            run = load_run_policy(run_dir, args.checkpoint, observation_space=obs_space, action_space=act_space, chunk=1)
+            expert = load_expert(args.expert, obs_space, act_space)
+        except ExpertError as e:
+            return _fail(f"--expert: {e}")
+        act_fn = lambda obs: np.asarray(expert(tree_stack([obs])), dtype=np.float32).reshape(act_space.shape)  # noqa: E731
+        source = f"expert {args.expert}"
+    elif args.policy != "random":
+        try:
+            run = load_run_policy(source_path, args.checkpoint, observation_space=obs_space, action_space=act_space, chunk=1)
         except RunPolicyError as e:
             return _fail(f"--checkpoint: {e}")
         policy, ckpt = run.policy, run.checkpoint
         deterministic = args.policy == "deterministic"
         noise_rng = torch.Generator().manual_seed(int(args.seed))  # --seed fixes the sampled actions too
+        float_obs = float_observations(obs_space)
 
         def policy_action(obs):
             with torch.inference_mode():
                 noise = None if deterministic else policy.sample_noise(1, generator=noise_rng)
-                a, _, _ = policy.act(torch.as_tensor(obs, dtype=torch.float32)[None], deterministic=deterministic, noise=noise)
-                a = policy.env_action(a)
-            return np.clip(a[0, 0].numpy(), act_space.low, act_space.high) if hasattr(act_space, "low") else a[0, 0].numpy()
+                x = policy_input(tree_stack([obs]), float_obs)
+                a = policy.env_action(policy.act(x, deterministic=deterministic, noise=noise)[0])
+            a = tree_index(a, 0)[0].numpy()
+            return np.clip(a, act_space.low, act_space.high) if hasattr(act_space, "low") else a
 
         act_fn = policy_action
-        source = f"{args.policy} policy of {run_dir.name}/{ckpt.name}"
+        source = f"{args.policy} policy of {source_path.name}/{ckpt.name}"
     kwargs = dict(OmegaConf.to_container(cfg.env.kwargs))
     if cfg.env.max_episode_steps is not None:
         kwargs["max_episode_steps"] = cfg.env.max_episode_steps
+    pixels = OmegaConf.to_container(cfg.env.pixels)
+    if pixels.get("enabled"):
+        kwargs["pixels"] = pixels
+    make = env_maker(cfg.env.id)
+    slots = args.slots or (cfg.env.num_workers * cfg.env.num_envs if "slot" in inspect.signature(make).parameters else 1)
     name = re.sub(r"[^A-Za-z0-9_]+", "_", Path(args.out).name).strip("_") or "dataset"
     try:
-        info = collect_dataset(lambda: env_maker(cfg.env.id)(**kwargs), act_fn, args.episodes, args.out, name,
-                               seed=args.seed, description=f"{cfg.env.id}: {source}")
+        info = collect_dataset(lambda **kw: make(**kwargs, **kw), act_fn, args.episodes, args.out, name,
+                               seed=args.seed, description=f"{cfg.env.id}: {source}", slots=slots)
     except (DatasetError, ImportError) as e:
         return _fail(str(e))
     print(json.dumps({**info, "env": cfg.env.id, "source": source}))
     return 0
+
+
+def _spaces(cfg):
+    """A recipe's env spaces (for collecting on it: no policy is built)."""
+    from omegaconf import OmegaConf
+
+    from rlweave.config import ConfigError
+    from rlweave.envs import space_info
+
+    env_cfg = OmegaConf.to_container(cfg.env)
+    try:
+        return space_info(cfg.env.id, env_cfg["pixels"], env_cfg["kwargs"])
+    except Exception as e:  # noqa: BLE001 - any failure to build the env is a config problem here
+        raise ConfigError(f"env.id: cannot make '{cfg.env.id}': {str(e).splitlines()[0]}") from None
 
 
 def _write_figure(draw, *args, **kwargs) -> int:
@@ -299,8 +334,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top", type=int, default=20, help="how many plans to print")
     s.add_argument("--json", metavar="FILE", help="also write the ranking as JSON")
     s.set_defaults(fn=cmd_plan)
-    s = sub.add_parser("collect", help="write a Minari dataset of a run's policy: rlweave collect RUN_DIR --episodes N -o DATASET")
-    s.add_argument("run_dir")
+    s = sub.add_parser("collect", help="write a Minari dataset: rlweave collect RUN_DIR|RECIPE [overrides...] --episodes N -o DATASET "
+                                       "[--expert module:function|RUN_DIR]")
+    s.add_argument("source", help="a run folder (its env and policy) or a recipe name (its env; with --expert or --policy random)")
+    s.add_argument("overrides", nargs="*", help="config overrides of a recipe, key=value")
+    s.add_argument("--expert", default=None, help="who acts: a scripted expert module:function or a run folder")
+    s.add_argument("--slots", type=int, default=None,
+                   help="episodes take turns over this many env slots (default: the recipe's envs, for suites that assign "
+                        "tasks to slots)")
     s.add_argument("--episodes", type=int, required=True)
     s.add_argument("-o", "--out", required=True, help="dataset folder to create")
     s.add_argument("--checkpoint", default=None, help="checkpoint name, e.g. iter_00000050 (default: the latest)")

@@ -22,6 +22,7 @@ _pp = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 os.environ["PYTHONPATH"] = os.pathsep.join([REPO_ROOT, TESTS_DIR] + [p for p in _pp if p not in (REPO_ROOT, TESTS_DIR)])
 # Nothing outside this machine is reachable: keep Ray from trying to report usage.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("MUJOCO_GL", "egl")  # before any test module imports mujoco (importorskip("metaworld") does)
 
 
 import pytest  # noqa: E402

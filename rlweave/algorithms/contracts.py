@@ -15,6 +15,9 @@ summed by the trainer, and whose other entries are detached diagnostics, as in T
 * ``learner``: ``loss(batch, nets, opts, update_actor=True)``; off-policy, imitation and offline
   learners on replay batches (see :mod:`rlweave.algorithms.offpolicy`).
 * ``sft``: ``loss(inp: SFTLossInput)``; supervised fine-tuning of a language model.
+* ``policy_sft``: ``loss(inp: PolicySFTLossInput)``; supervised fine-tuning of an embodied policy
+  (MLP, flow, VLA) on demonstrations: the policy's own imitation loss (token cross-entropy, L1,
+  flow matching), optionally weighted per sample.
 
 Kinds of advantage estimator (each returns :class:`Advantages`):
 
@@ -34,7 +37,7 @@ from torch import Tensor
 __all__ = [
     "LOSS_KINDS", "ESTIMATOR_KINDS", "KindedRegistry", "UnknownNameError", "WrongKindError",
     "OnPolicyAdvantageInput", "TokenAdvantageInput", "Advantages",
-    "OnPolicyLossInput", "TokenLossInput", "SFTLossInput",
+    "OnPolicyLossInput", "TokenLossInput", "SFTLossInput", "PolicySFTLossInput",
     "ADVANTAGE_ESTIMATORS", "POLICY_LOSSES",
 ]
 
@@ -47,6 +50,7 @@ LOSS_KINDS: dict[str, tuple[str, int]] = {
     "token": ("loss(inp: TokenLossInput) -> dict[str, Tensor]", 1),
     "learner": ("loss(batch, nets: LearnerNets, opts: LossOptions, update_actor=True) -> dict[str, Tensor]", 3),
     "sft": ("loss(inp: SFTLossInput) -> dict[str, Tensor]", 1),
+    "policy_sft": ("loss(inp: PolicySFTLossInput) -> dict[str, Tensor]", 1),
 }
 ESTIMATOR_KINDS: dict[str, tuple[str, int]] = {
     "on_policy": ("estimator(inp: OnPolicyAdvantageInput) -> Advantages", 1),
@@ -164,6 +168,20 @@ class SFTLossInput:
 
     log_prob: Tensor
     mask: Tensor
+    cfg: Mapping[str, Any]
+
+
+@dataclass
+class PolicySFTLossInput:
+    """One supervised step of an embodied policy: ``obs`` (a tensor or a dict of tensors, [B, ...]),
+    the demonstrated ``actions`` [B, chunk, *action_shape] (a chunk's steps past its episode's end
+    repeat the last action), per-sample ``weights`` [B] or None; ``policy`` is the module trained,
+    whose ``bc_loss(obs, actions)`` is its own imitation loss; ``cfg``: the ``algorithm`` section."""
+
+    policy: Any
+    obs: Any
+    actions: Tensor
+    weights: Tensor | None
     cfg: Mapping[str, Any]
 
 

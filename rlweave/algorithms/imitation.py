@@ -6,11 +6,14 @@ Same convention as the other losses: ``loss_*`` terms plus detached diagnostics.
 
 from __future__ import annotations
 
+import inspect
+
 from torch import Tensor
 
+from rlweave.algorithms.contracts import PolicySFTLossInput
 from rlweave.algorithms.offpolicy import LearnerNets, LossOptions
 
-__all__ = ["bc_loss"]
+__all__ = ["bc_loss", "policy_sft_loss"]
 
 
 def bc_loss(batch: dict[str, Tensor], nets: LearnerNets, opts: LossOptions | None = None, update_actor: bool = True) -> dict[str, Tensor]:
@@ -20,3 +23,18 @@ def bc_loss(batch: dict[str, Tensor], nets: LearnerNets, opts: LossOptions | Non
     action, _ = nets.actor.sample(batch["obs"], deterministic=True)
     err = (action - batch["action"].to(action.dtype)).square().sum(-1)
     return {"loss_bc": err.mean(), "action_error": err.detach().mean().sqrt()}
+
+
+def policy_sft_loss(inp: PolicySFTLossInput) -> dict[str, Tensor]:
+    """``sft`` (kind policy_sft): the policy's own imitation loss, ``policy.bc_loss(obs, actions)``.
+    Why the policy's: what "imitate this action" means depends on the head (cross-entropy over
+    action tokens, L1 on a parallel chunk, flow matching on a velocity field), and the head knows.
+    Per-sample ``weights`` go to policies whose ``bc_loss`` takes them."""
+    bc = getattr(inp.policy, "bc_loss", None)
+    if bc is None:
+        raise TypeError(f"policy {type(inp.policy).__name__} has no bc_loss(obs, actions): it cannot be trained by algorithm sft")
+    if inp.weights is None:
+        return bc(inp.obs, inp.actions)
+    if "weights" not in inspect.signature(bc).parameters:
+        raise TypeError(f"policy {type(inp.policy).__name__}.bc_loss takes no per-sample weights")
+    return bc(inp.obs, inp.actions, weights=inp.weights)

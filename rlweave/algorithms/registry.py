@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from rlweave.algorithms.advantages import gae_estimator, grpo_estimator
 from rlweave.algorithms.contracts import (ADVANTAGE_ESTIMATORS, ESTIMATOR_KINDS, LOSS_KINDS, POLICY_LOSSES, UnknownNameError,
                                           WrongKindError)
-from rlweave.algorithms.imitation import bc_loss
+from rlweave.algorithms.imitation import bc_loss, policy_sft_loss
 from rlweave.algorithms.llm import (gae_token_estimator, grpo_token_estimator, ppo_token_loss, reinforce_pp_baseline_token_estimator,
                                     reinforce_pp_token_estimator, sft_objective)
 from rlweave.algorithms.losses import ppo_objective
@@ -127,7 +127,9 @@ def loss_kind(spec: AlgorithmSpec, runner: str | None = None) -> str:
     runner = runner or spec.runners[0]
     if spec.kind == "on_policy":
         return "token" if runner == "llm" else "on_policy"
-    return "sft" if spec.kind == "sft" else "learner"
+    if spec.kind == "sft":
+        return "policy_sft" if runner == "policy_sft" else "sft"
+    return "learner"
 
 
 def estimator_kind(spec: AlgorithmSpec, runner: str | None = None) -> str | None:
@@ -230,6 +232,7 @@ POLICY_LOSSES.register("ppo", ppo_objective, "on_policy")
 POLICY_LOSSES.register("ppo", ppo_token_loss, "token")
 POLICY_LOSSES.register("llm_ppo", ppo_token_loss, "token")  # the language-model-only algorithms' name for it
 POLICY_LOSSES.register("sft", sft_objective, "sft")
+POLICY_LOSSES.register("sft", policy_sft_loss, "policy_sft")
 for _name, _fn in (("sac", sac_loss), ("crossq", crossq_loss), ("rlpd", rlpd_loss), ("bc", bc_loss), ("iql", iql_loss)):
     POLICY_LOSSES.register(_name, _fn, "learner")
 
@@ -303,6 +306,7 @@ for _name, _adv, _critic, _async, _desc in (
     )
 register_algorithm(
     AlgorithmSpec(name="sft", kind="sft", advantage=None, loss="sft", uses_critic=False, episodic_groups=False,
-                  description="supervised fine-tuning of a language model on prompt-response data (full or LoRA)",
-                  needs_dataset=True, runners=("llm",))
+                  description="supervised fine-tuning of a language model on prompt-response data (full or LoRA), "
+                              "or of an embodied policy on demonstrations (runner policy_sft)",
+                  needs_dataset=True, runners=("llm", "policy_sft"))
 )

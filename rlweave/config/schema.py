@@ -57,6 +57,7 @@ class PixelsConfig:
     width: int = positive(64)
     height: int = positive(64)
     frame_stack: int = positive(1)
+    cameras: List[str] = field(default_factory=list)  # manipulation suites: camera names, first = "image" (empty: the suite's default)
 
 
 @dataclass
@@ -71,6 +72,8 @@ class EnvConfig:
     on_nonfinite: str = choice("error", "error", "drop")
     pixels: PixelsConfig = field(default_factory=PixelsConfig)
     kwargs: Dict[str, Any] = field(default_factory=dict)
+    # set over kwargs for evaluation episodes only: held-out starts (e.g. metaworld's split: test)
+    eval_kwargs: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -353,7 +356,7 @@ class Config:
     recipe: str = ""
     description: str = ""
     seed: int = non_negative(0)
-    runner: str = choice("onpolicy", "onpolicy", "offpolicy", "llm")
+    runner: str = choice("onpolicy", "onpolicy", "offpolicy", "llm", "policy_sft")
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)

@@ -20,9 +20,10 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
+import gymnasium as gym
 import numpy as np
 
-__all__ = ["DatasetError", "require_minari", "dataset_spaces", "collect_dataset", "load_transitions"]
+__all__ = ["DatasetError", "require_minari", "open_dataset", "dataset_spaces", "collect_dataset", "load_transitions"]
 
 OFFLINE_VERSION = -2  # policy_version of transitions that came from a dataset
 
@@ -48,14 +49,14 @@ def _data_dir(path: str | Path) -> Path:
     raise DatasetError(f"dataset {path}: not a Minari dataset folder (no metadata.json in it or in its data/)")
 
 
-def _open(path: str | Path):
+def open_dataset(path: str | Path):
     minari = require_minari()
     return minari.MinariDataset(_data_dir(path))
 
 
 def dataset_spaces(path: str | Path):
     """(observation_space, action_space) of the dataset at ``path``."""
-    ds = _open(path)
+    ds = open_dataset(path)
     return ds.observation_space, ds.action_space
 
 
@@ -70,35 +71,41 @@ def check_spaces(path: str | Path, observation_space, action_space) -> None:
 
 
 def collect_dataset(
-    make_env: Callable[[], "object"],
+    make_env: Callable[..., "object"],
     act: Callable[[np.ndarray], np.ndarray] | None,
     episodes: int,
     out: str | Path,
     name: str,
     seed: int = 0,
     description: str = "",
+    slots: int = 1,
 ) -> dict:
     """Runs ``episodes`` episodes of ``act(obs) -> action`` (None: uniform random actions) on the
     env ``make_env()`` and writes them as a Minari dataset folder at ``out`` (which must not exist).
-    Returns the dataset's episode count, steps and mean/std episode return."""
+    ``slots`` > 1: episodes take turns over the envs ``make_env(slot=i)``, i < slots (a multi-task
+    suite gives each slot its task, so the dataset covers every task evenly).
+    Returns the dataset's episode count, steps, mean/std episode return and, where the env
+    reports success, the success rate."""
     minari = require_minari()
     out = Path(out)
     if out.exists():
         raise DatasetError(f"dataset {out}: already exists; choose another -o")
-    env = minari.DataCollector(make_env())
+    env = minari.DataCollector(make_env() if slots == 1 else _SlotCycle([make_env(slot=i) for i in range(slots)]))
     rng = np.random.default_rng(seed)
     env.action_space.seed(seed)
-    returns, steps = [], 0
+    returns, successes, steps = [], [], 0
     for ep in range(episodes):
         obs, _ = env.reset(seed=int(rng.integers(0, 2**31 - 1)))
-        done, total = False, 0.0
+        done, total, info = False, 0.0, {}
         while not done:
             action = env.action_space.sample() if act is None else act(obs)
-            obs, reward, terminated, truncated, _ = env.step(action)
+            obs, reward, terminated, truncated, info = env.step(action)
             total += float(reward)
             steps += 1
             done = terminated or truncated
         returns.append(total)
+        if "success" in info:
+            successes.append(float(info["success"]))
     dataset_id = f"rlweave/{name}-v0"
     previous = os.environ.get("MINARI_DATASETS_PATH")
     with tempfile.TemporaryDirectory(prefix="rlweave-minari-") as root:
@@ -117,7 +124,34 @@ def collect_dataset(
         shutil.move(str(Path(root) / "rlweave" / f"{name}-v0"), str(out))
     env.close()
     return {"episodes": episodes, "steps": steps, "return_mean": float(np.mean(returns)),
-            "return_std": float(np.std(returns)), "dataset_id": dataset_id, "path": str(out)}
+            "return_std": float(np.std(returns)), "success_rate": float(np.mean(successes)) if successes else None,
+            "dataset_id": dataset_id, "path": str(out)}
+
+
+class _SlotCycle(gym.Env):
+    """Several envs with one observation and action space behind one env interface: each reset
+    moves to the next (a dataset collector records one env)."""
+
+    def __init__(self, envs: list):
+        self.envs, self.index = envs, -1
+        first = envs[0]
+        self.observation_space, self.action_space = first.observation_space, first.action_space
+        self.spec = first.spec
+
+    @property
+    def env(self):
+        return self.envs[self.index]
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        self.index = (self.index + 1) % len(self.envs)
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action):
+        return self.env.step(action)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
 
 
 def load_transitions(path: str | Path, observation_space, action_space, gamma: float) -> tuple[dict[str, np.ndarray], dict]:
@@ -125,7 +159,7 @@ def load_transitions(path: str | Path, observation_space, action_space, gamma: f
     :mod:`rlweave.data.replay`), after checking its spaces against the env's. Also returns the
     dataset's statistics (episodes, steps, mean/std/min/max episode return)."""
     check_spaces(path, observation_space, action_space)
-    ds = _open(path)
+    ds = open_dataset(path)
     parts: dict[str, list] = {k: [] for k in ("obs", "action", "reward", "next_obs", "discount")}
     returns = []
     for ep in ds.iterate_episodes():

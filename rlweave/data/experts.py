@@ -21,6 +21,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from rlweave.utils.tree import is_dict, tree_index, tree_len, tree_shapes
+
 __all__ = ["load_expert", "load_gate", "ActionGapGate", "OperatorGate", "ExpertError"]
 
 
@@ -38,9 +40,11 @@ def _import(target: str):
         raise ExpertError(f"cannot import '{target}': {e}") from None
 
 
-def load_expert(spec: str, observation_space, action_space) -> Callable[[np.ndarray], np.ndarray]:
+def load_expert(spec: str, observation_space, action_space, probe=None) -> Callable[[np.ndarray], np.ndarray]:
     """The expert named by ``spec``: a run folder (its latest checkpoint's policy, deterministic)
-    or ``module:function``. Checks that it returns actions of the env's shape."""
+    or ``module:function``. Checks that it returns actions of the env's shape, on ``probe`` (a batch
+    of real observations) or on two samples of the observation space; dict observations are
+    probed only on real ones (a sampled instruction names no task a scripted expert knows)."""
     path = Path(spec)
     if (path / "config.yaml").is_file():
         from rlweave.models.run_policy import RunPolicyError, load_run_policy
@@ -56,13 +60,18 @@ def load_expert(spec: str, observation_space, action_space) -> Callable[[np.ndar
             return a[:, 0].reshape(len(obs), -1).numpy()
     else:
         expert = _import(spec)
+    if probe is None:
+        if is_dict(observation_space.sample()):
+            return expert
+        probe = np.stack([observation_space.sample() for _ in range(2)])
+    rows = tree_len(probe)
     try:
-        probe = np.asarray(expert(np.stack([observation_space.sample() for _ in range(2)])))
+        got = np.asarray(expert(probe))
     except Exception as e:  # noqa: BLE001 - a scripted expert written for another env
-        raise ExpertError(f"expert '{spec}' fails on this env's observations {tuple(observation_space.shape)}: {e!r}") from None
-    want = (2, int(np.prod(action_space.shape)))
-    if probe.reshape(2, -1).shape != want:
-        raise ExpertError(f"expert '{spec}' returns actions of shape {probe.shape[1:]}, the env needs {tuple(action_space.shape)}")
+        raise ExpertError(f"expert '{spec}' fails on this env's observations {tree_shapes(tree_index(probe, 0))}: {e!r}") from None
+    want = (rows, int(np.prod(action_space.shape)))
+    if got.size != want[0] * want[1]:
+        raise ExpertError(f"expert '{spec}' returns actions of shape {got.shape[1:]}, the env needs {tuple(action_space.shape)}")
     return expert
 
 

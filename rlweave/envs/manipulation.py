@@ -83,3 +83,20 @@ def fast_scene(scene: Any) -> None:
 
     scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
     scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+
+
+def release_gl_context() -> None:
+    """Makes no GL context current in this thread (EGL only). Why: a worker process may call an
+    env from more than one thread (Ray actors run calls on their own threads), and an EGL
+    context still current in the thread that last rendered cannot be made current in another
+    (EGL_BAD_ACCESS). MuJoCo's renderer makes its context current before every frame, so
+    releasing it after each observation costs one call and lets any thread render next."""
+    import os
+
+    if os.environ.get("MUJOCO_GL") != "egl":
+        return
+    from mujoco import egl
+
+    if egl.EGL_DISPLAY is not None:
+        egl.EGL.eglMakeCurrent(egl.EGL_DISPLAY, egl.EGL.EGL_NO_SURFACE, egl.EGL.EGL_NO_SURFACE, egl.EGL.EGL_NO_CONTEXT)
+

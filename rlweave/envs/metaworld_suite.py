@@ -38,7 +38,9 @@ import weakref
 from functools import lru_cache
 from typing import Any
 
-import gymnasium as gym
+os.environ.setdefault("MUJOCO_GL", "egl")  # before mujoco is first imported: offscreen rendering without a display
+
+import gymnasium as gym  # noqa: E402
 import metaworld  # noqa: F401 - the suite's one dependency; missing -> EnvError naming the extra
 import mujoco
 import numpy as np
@@ -46,10 +48,9 @@ from metaworld.env_dict import ALL_V3_ENVIRONMENTS, MT10_V3, MT50_V3
 
 from rlweave.envs.manipulation import (
     INSTRUCTION_LENGTH, decode_instructions, encode_instruction, fast_offscreen, fast_scene, instruction_space,
+    release_gl_context,
 )
 from rlweave.envs.snapshot import restore_env, snapshot_env
-
-os.environ.setdefault("MUJOCO_GL", "egl")
 
 __all__ = ["make_env", "MetaWorldEnv", "expert", "INSTRUCTIONS", "CAMERAS", "parse_tasks", "instruction_for"]
 
@@ -204,6 +205,7 @@ class MetaWorldEnv(gym.Env):
         _track(self._renderer)
         fast_scene(self._renderer.scene)
         mujoco.mj_forward(model, data)
+        release_gl_context()  # the renderer's construction left its context current in this thread
         for j, cam in enumerate(cameras):
             cid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, cam)
             up_z = float(data.cam_xmat[cid].reshape(3, 3)[2, 1])  # world z of the image's up axis
@@ -231,6 +233,8 @@ class MetaWorldEnv(gym.Env):
         if self._flat:
             return raw
         out: dict[str, np.ndarray] = {key: self._render(cam, turn) for key, cam, turn in self._cameras}
+        if self._cameras:
+            release_gl_context()  # the next frame may come from another thread of this process
         out["state"] = raw[:4].copy()  # end-effector xyz, gripper opening
         out["instruction"] = self._instruction.copy()
         out["privileged"] = raw

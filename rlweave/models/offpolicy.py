@@ -126,6 +126,10 @@ class SquashedGaussianPolicy(nn.Module):
         B = action.shape[0]
         return action.view(B, self.chunk, *self.action_shape), log_prob, action.new_zeros(B)
 
+    def env_action(self, stored: Tensor) -> Tensor:
+        """The executed action: the stored one (the policy contract's hook; see Policy.env_action)."""
+        return stored
+
     def update_obs_stats(self, obs: Tensor) -> None:  # no normaliser: replayed data would drift
         return None
 

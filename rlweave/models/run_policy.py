@@ -103,3 +103,16 @@ def load_run_policy(run_dir: str | Path, checkpoint: str | None = None, *, obser
         raise RunPolicyError(f"{run_dir}: its policy does not fit this env ({str(e).splitlines()[0]})") from None
     policy.eval()
     return RunPolicy(policy, cfg, ckpt)
+
+
+def initial_policy_state(run_dir: str | Path) -> dict:
+    """The policy weights a run starting from ``run_dir`` (``init.checkpoint``: an SFT run, or any
+    embodied run) begins with: its newest verified checkpoint's actor policy. RunPolicyError (one
+    line) when the folder holds no run or no checkpoint."""
+    run_dir = Path(run_dir)
+    read_run_config(run_dir)
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise RunPolicyError(f"{run_dir}: no checkpoint to start from")
+    return load_checkpoint(ckpt)["actor"]["policy"]
+

@@ -55,7 +55,7 @@ def check_compatible_policy(cfg: DictConfig):
         raise ConfigError(f"actor.precision: {cfg.actor.precision} applies to the off-policy learner; "
                           f"{spec.name}'s actor trains in float32")
     check_update_threads(cfg, spec)
-    if spec.kind == "offline" and cfg.train.total_updates < 1:
+    if (spec.kind == "offline" or cfg.runner == "policy_sft") and cfg.train.total_updates < 1:
         raise ConfigError(f"train.total_updates: {spec.name} learns from a dataset alone; give the number of gradient updates (> 0)")
     if cfg.env.num_workers % cfg.actor.num_workers:
         raise ConfigError(
@@ -75,7 +75,16 @@ def check_compatible_policy(cfg: DictConfig):
         policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk, **policy_kwargs(cfg))
     except (ValueError, TypeError) as e:
         raise ConfigError(f"policy.name: {str(e).splitlines()[0]}") from None
-    if spec.needs_dataset and not cfg.replay.offline_dataset:
+    if cfg.init.checkpoint:
+        from rlweave.models.run_policy import RunPolicyError, initial_policy_state
+
+        try:
+            initial_policy_state(cfg.init.checkpoint)
+        except RunPolicyError as e:
+            raise ConfigError(f"init.checkpoint: {e}") from None
+    if cfg.runner == "policy_sft":
+        _check_demonstrations(cfg, obs_space, act_space)
+    elif spec.needs_dataset and not cfg.replay.offline_dataset:
         raise ConfigError(
             f"replay.offline_dataset: {spec.name} learns from a dataset{'' if spec.kind == 'offline' else ' beside online data'}; "
             "make one with 'rlweave collect RUN_DIR --episodes N -o FOLDER' and pass its folder"
@@ -97,6 +106,20 @@ def check_compatible_policy(cfg: DictConfig):
         except (DatasetError, ImportError) as e:
             raise ConfigError(f"replay.offline_dataset: {e}") from None
     return obs_space, act_space, policy
+
+
+def _check_demonstrations(cfg: DictConfig, obs_space, act_space) -> None:
+    """``runner: policy_sft`` learns from ``data.path``, a dataset whose spaces are the env's."""
+    from rlweave.data.datasets import DatasetError
+    from rlweave.data.demos import check_demonstration_spaces
+
+    if not cfg.data.path:
+        raise ConfigError("data.path: supervised fine-tuning of a policy learns from demonstrations; make them with "
+                          "'rlweave collect RECIPE --expert module:function --episodes N -o FOLDER' and pass its folder")
+    try:
+        check_demonstration_spaces(cfg.data.path, obs_space, act_space)
+    except (DatasetError, ImportError) as e:
+        raise ConfigError(f"data.path: {e}") from None
 
 
 def plan_placement(cfg: DictConfig, cluster: Cluster):

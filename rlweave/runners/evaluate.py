@@ -12,7 +12,7 @@ from rlweave.models.inputs import float_observations, policy_input
 
 def evaluate_policy(policy: Policy, env_cfg: dict, episodes: int, seed: int, gamma: float = 0.99) -> dict:
     """Runs exactly one deterministic episode on each of ``episodes`` envs (no early stopping
-    bias towards short episodes). Returns mean/std return, mean length and success rate."""
+    bias towards short episodes), made with ``env.kwargs`` updated by ``env.eval_kwargs``. Returns mean/std return, mean length and success rate."""
     env = VectorEnv(
         env_cfg["id"],
         episodes,
@@ -23,7 +23,7 @@ def evaluate_policy(policy: Policy, env_cfg: dict, episodes: int, seed: int, gam
         pixels=env_cfg.get("pixels"),
         gamma=gamma,
         on_nonfinite=env_cfg.get("on_nonfinite", "error"),
-        kwargs=env_cfg.get("kwargs"),
+        kwargs={**(env_cfg.get("kwargs") or {}), **(env_cfg.get("eval_kwargs") or {})},  # held-out starts
     )
     try:
         obs = env.reset()

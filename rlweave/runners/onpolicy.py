@@ -27,7 +27,7 @@ from rlweave.cluster import GroupPlacement, PlacementError, WorkerGroup, wait_al
 from rlweave.config import ConfigError
 from rlweave.flow import FlowPlan, Planner, Replanner, physical_cores, plan_from_groups
 from rlweave.models import build_policy
-from rlweave.models.run_policy import policy_kwargs
+from rlweave.models.run_policy import initial_policy_state, policy_kwargs
 from rlweave.runners.common import RunnerBase
 from rlweave.runners.records import StageClock, prefixed_means, total, worst
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace, write_text_atomic
@@ -78,6 +78,10 @@ class OnPolicyRunner(RunnerBase):
             init_dist=True,
         )
         self.groups.append(self.actor)
+        if cfg.init.checkpoint:  # a resume or restart then loads its own checkpoint over these
+            fresh = self.actor.load_initial_weights(initial_policy_state(cfg.init.checkpoint))
+            note = f"; {len(fresh)} tensors it lacks start fresh ({', '.join(sorted({k.split('.')[0] for k in fresh}))})" if fresh else ""
+            print(f"[rlweave] policy starts from {cfg.init.checkpoint}{note}")
         if cfg.placement.mode == "auto":
             planner = Planner(
                 slots=self.cluster.slots(),

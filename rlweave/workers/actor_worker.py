@@ -21,6 +21,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from rlweave.algorithms import (OnPolicyAdvantageInput, OnPolicyLossInput, algorithm_estimator, algorithm_loss, load_algorithm,
                                 normalize, total_loss)
+from rlweave.algorithms.contracts import PolicySFTLossInput
+from rlweave.data.demos import Demonstrations, load_demonstrations
 from rlweave.cluster import Worker
 from rlweave.models import build_policy
 from rlweave.models.flat import FlatParameters
@@ -45,13 +47,17 @@ class ActorWorker(Worker):
         action_space,
         chunk: int,
         seed: int,
-        trajectory_channel: ChannelSpec,
+        trajectory_channel: ChannelSpec | None,
         trajectories_per_rank: int,
+        runner: str = "onpolicy",
     ):
         self.cfg = algo_cfg
         self.spec = load_algorithm(algo_cfg)  # imports algorithm.plugins first: user registrations reach this process
-        self.estimator = algorithm_estimator(self.spec, "onpolicy")
-        self.loss_fn = algorithm_loss(self.spec, "onpolicy")
+        # on-policy RL, or supervised fine-tuning on demonstrations (runner policy_sft): the same
+        # trainer, weights and checkpoint state; only the loss kind and the data source differ
+        self.estimator = algorithm_estimator(self.spec, runner) if runner == "onpolicy" else None
+        self.loss_fn = algorithm_loss(self.spec, runner)
+        self.demos: Demonstrations | None = None
         torch.manual_seed(seed)  # identical initial weights on every rank
         self.policy = build_policy(
             observation_space=observation_space,
@@ -66,7 +72,7 @@ class ActorWorker(Worker):
         # then one kernel each per step (small-MLP updates are bound by per-op overhead).
         self.flat = FlatParameters(self.policy.parameters())
         self.optimizer = torch.optim.Adam([self.flat.flat], lr=algo_cfg["lr"], eps=1e-5, fused=True)
-        self.traj_ch = trajectory_channel.open()
+        self.traj_ch = trajectory_channel.open() if trajectory_channel is not None else None
         self.trajectories_per_rank = trajectories_per_rank
         self.version = 0
         self.iteration = 0
@@ -245,6 +251,67 @@ class ActorWorker(Worker):
         out = {f"train/{k}": v / max(1, count) for k, v in zip(names, totals)}
         out["train/lr"] = lr
         out["train/updates"] = count
+        return out
+
+    @group_method("all", collect="first")
+    def load_initial_weights(self, state: dict) -> list[str]:
+        """Starts from another run's policy weights (``init.checkpoint``). Tensors this policy has
+        and the source lacks (a value head an SFT run did not train) keep their fresh values and
+        are returned by name; a tensor the source has that this policy lacks, or of another
+        shape, is an error."""
+        result = self.policy.load_state_dict(state, strict=False)
+        if result.unexpected_keys:
+            raise ValueError(f"init.checkpoint: its policy has tensors this one lacks: {', '.join(result.unexpected_keys[:5])}")
+        return list(result.missing_keys)
+
+    # ------------------------------------------------------------------ supervised fine-tuning
+    @group_method("all")
+    def load_demonstrations(self, path: str, observation_space=None, action_space=None) -> dict:
+        """Reads the demonstrations every rank samples its minibatches from (each rank its own
+        rows, by its own RNG); returns their size."""
+        self.demos = load_demonstrations(path, self.policy.chunk, observation_space, action_space)
+        return {"steps": len(self.demos), "episodes": self.demos.episodes, "success_rate": self.demos.success_rate}
+
+    @group_method("all", collect="first")
+    def imitate(self, num_updates: int, progress: float = 0.0) -> dict:
+        """``num_updates`` steps of the algorithm's ``policy_sft`` loss on minibatches of the
+        demonstrations (``algorithm.minibatch_size`` rows in all, split over the ranks; gradients
+        averaged over ranks before each step, so every rank keeps identical weights)."""
+        if self.demos is None:
+            raise RuntimeError("imitate: no demonstrations loaded (load_demonstrations first)")
+        cfg = self.cfg
+        lr = cfg["lr"] * max(0.0, 1.0 - progress) if cfg.get("lr_anneal") else cfg["lr"]
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        mb = max(1, cfg["minibatch_size"] // self.world_size)
+        distributed = self.world_size > 1 and dist.is_initialized()
+        self.policy.train()
+        t0 = time.perf_counter()
+        sums: torch.Tensor | None = None
+        names: list[str] = []
+        for _ in range(num_updates):
+            sample = self.demos.sample(mb, self.rng)
+            obs = self._obs(sample["obs"], self.device)
+            actions = torch.from_numpy(sample["actions"]).to(self.device)
+            terms = self.loss_fn(PolicySFTLossInput(policy=self.policy, obs=obs, actions=actions, weights=None, cfg=cfg))
+            loss = total_loss(terms)
+            self.flat.zero_grad()
+            loss.backward()
+            if distributed:
+                dist.all_reduce(self.flat.flat.grad)
+                self.flat.flat.grad.div_(self.world_size)
+            if cfg["max_grad_norm"] > 0:
+                self.flat.clip_grad_norm_(cfg["max_grad_norm"])
+            self.optimizer.step()
+            stacked = torch.stack([v.detach().float() for v in terms.values()])
+            sums = stacked if sums is None else sums + stacked
+            names = names or list(terms)
+        self.policy.eval()
+        self.iteration += 1
+        self.version += 1
+        out = {f"train/{k}": v / max(1, num_updates) for k, v in zip(names, [] if sums is None else sums.tolist())}
+        out.update({"train/lr": lr, "train/updates": num_updates, "time/actor_train": time.perf_counter() - t0,
+                    "peak_rss_mb": peak_rss_mb()})
         return out
 
     # ------------------------------------------------------------------ device turns
