@@ -77,3 +77,27 @@ def test_ppo_starts_from_the_sft_run(sft_run, tmp_path):
 def test_sft_without_demonstrations_is_refused_in_one_line():
     rc, _ = train("sft-vla-mt3", "data.path=null", *QUIET)
     assert rc == 2
+
+
+def test_ppo_runs_its_warm_up_first_with_the_runs_policy_and_env(ray_session, demos, tmp_path):
+    """init.sft_recipe (the recipe's default): the SFT sub-run takes this run's policy.* and env
+    settings and the data.path it sets, then RL starts from it."""
+    from omegaconf import OmegaConf
+
+    run_dir = tmp_path / "chain"
+    rc, out = train("ppo-vla-mt3", f"data.path={demos}", *SMALL, "train.rollout_steps=3", "train.total_env_steps=36",
+                    "algorithm.epochs=1", "algorithm.minibatch_size=9", "placement.groups.rollout.threads=1",
+                    "init.sft_overrides=['train.total_updates=2','train.updates_per_iteration=2','algorithm.minibatch_size=8',"
+                    "'train.eval_episodes=3']", f"run.dir={run_dir}", *QUIET)
+    assert rc == 0, out
+    assert "supervised warm-up 'sft-vla-mt3'" in out and "warm-up done" in out
+    sub = OmegaConf.load(run_dir / "sft" / "config.yaml")
+    assert (sub.env.pixels.width, sub.policy.kwargs.lm_hidden, sub.data.path) == (32, 32, str(demos))
+    assert (run_dir / "sft" / "warmup-done.json").is_file()
+    assert f"policy starts from {run_dir / 'sft'}" in out
+
+
+def test_a_warm_up_that_cannot_take_the_runs_settings_is_refused_before_it_starts(tmp_path):
+    rc, _ = train("ppo-vla-mt3", f"data.path={tmp_path / 'none'}", f"run.dir={tmp_path / 'r'}", *QUIET)
+    assert rc == 2
+    assert not (tmp_path / "r").exists()

@@ -6,13 +6,21 @@ thing (RL on subtraction started from a model warmed up on addition never sees a
 sub-run's config is built here, once, for every chain: its own recipe, then what it must share with
 the run that starts it, then the user's explicit sub-run overrides, then the run-wide settings.
 
-What is shared (:data:`SHARED_SECTIONS`, :data:`SHARED_KEYS`, :data:`SET_SECTIONS`):
+What is shared depends on the kind of run (:data:`CARRIED`):
 
-* ``model.*`` and ``task.*`` whole: the sub-run trains the very model the run continues (the
-  architecture must match for its weights to load) on the run's task (what the user asked for);
-* ``rollout.max_new_tokens``: the sub-run's evaluation answers are as long as the run's;
-* ``data.*`` keys the run sets (differing from the schema's defaults): the run's own recipe uses
-  no SFT data, so a ``data.*`` it carries is meant for its warm-up.
+* language models: ``model.*`` and ``task.*`` whole (the sub-run trains the very model the run
+  continues, whose architecture must match for its weights to load, on the run's task: what the
+  user asked for), and ``rollout.max_new_tokens`` (its evaluation answers are as long as the run's);
+* embodied policies (a VLA's SFT before PPO): ``policy.*`` whole (the architecture) and the env
+  settings that define the task and what the policy sees: ``env.id``, ``env.chunk``,
+  ``env.pixels``, ``env.max_episode_steps``, ``env.kwargs``, ``env.eval_kwargs`` (not the number of
+  envs or workers: those are each run's own);
+* both: the ``data.*`` keys the run sets (differing from the schema's defaults): the RL recipe
+  itself uses no SFT data, so a ``data.*`` it carries is meant for its warm-up.
+
+Free-form dict settings (``policy.kwargs``, ``env.kwargs``, ``env.eval_kwargs``) are carried whole,
+not key by key, so the sub-run has exactly the run's (a key only the sub-recipe had would build
+another architecture).
 
 ``init.sft_overrides`` (the sub-run's own settings, e.g. its learning rate) apply after these, so a
 user can still give the warm-up anything explicitly.
@@ -27,11 +35,15 @@ from omegaconf import DictConfig, OmegaConf
 from rlweave.config.load import ConfigError, load_config, validate
 from rlweave.config.schema import Config
 
-SHARED_SECTIONS = ("model", "task")
-SHARED_KEYS = ("rollout.max_new_tokens",)
-SET_SECTIONS = ("data",)
+# run kind -> (sections carried whole, single keys carried, sections whose set keys are carried)
+CARRIED: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "llm": (("model", "task"), ("rollout.max_new_tokens",), ("data",)),
+    "embodied": (("policy",), ("env.id", "env.chunk", "env.pixels", "env.max_episode_steps", "env.kwargs", "env.eval_kwargs"),
+                 ("data",)),
+}
+WHOLE = ("kwargs", "eval_kwargs")  # free-form dict settings carried as one value
 
-__all__ = ["SubRun", "sub_run_config"]
+__all__ = ["CARRIED", "SubRun", "carried_values", "sub_run_config", "warmup_config"]
 
 
 class SubRun:
@@ -56,14 +68,14 @@ class SubRun:
 
 def carried_values(cfg: DictConfig) -> dict[str, Any]:
     """The dotted keys (and values) a sub-run takes from ``cfg``."""
+    sections, keys, set_sections = CARRIED["llm" if cfg.runner == "llm" else "embodied"]
     out: dict[str, Any] = {}
-    for section in SHARED_SECTIONS:
-        for key, value in _flatten(OmegaConf.to_container(cfg[section]), section).items():
-            out[key] = value
-    for key in SHARED_KEYS:
-        out[key] = OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(cfg, key)}))["v"]
+    for section in sections:
+        out.update(_flatten(OmegaConf.to_container(cfg[section]), section))
+    for key in keys:
+        out.update(_flatten(_plain(OmegaConf.select(cfg, key)), key))
     defaults = OmegaConf.structured(Config)
-    for section in SET_SECTIONS:
+    for section in set_sections:
         given = _flatten(OmegaConf.to_container(cfg[section]), section)
         base = _flatten(OmegaConf.to_container(defaults[section]), section)
         out.update({k: v for k, v in given.items() if base.get(k) != v})
@@ -91,7 +103,7 @@ def sub_run_config(cfg: DictConfig, recipe: str, overrides: list[str], run_wide:
 
 
 def _flatten(node: Any, prefix: str) -> dict[str, Any]:
-    if isinstance(node, dict):
+    if isinstance(node, dict) and prefix.rpartition(".")[2] not in WHOLE:
         out: dict[str, Any] = {}
         for k, v in node.items():
             out.update(_flatten(v, f"{prefix}.{k}"))
@@ -106,3 +118,16 @@ def _plain(v: Any) -> Any:
 def _short(v: Any) -> str:
     text = str(v)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def warmup_config(cfg: DictConfig) -> SubRun:
+    """The warm-up run of ``cfg``: ``init.sft_recipe`` with what it shares with this run (see the
+    module's docstring), ``init.sft_overrides``, this run's seed and cluster, and no progress line
+    of its own."""
+    r = cfg.run
+    run_wide = {"seed": cfg.seed, "run.progress": r.progress, "run.tensorboard": r.tensorboard,
+                "cluster.local": cfg.cluster.local, "run.loggers": list(r.loggers),
+                # the warm-up's tracker run sits beside the run's: same project, group and tags
+                "run.group": r.group or cfg.recipe or None, "run.project": r.project, "run.tags": list(r.tags)}
+    return sub_run_config(cfg, cfg.init.sft_recipe, list(cfg.init.sft_overrides), run_wide)
+

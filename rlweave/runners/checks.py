@@ -82,6 +82,8 @@ def check_compatible_policy(cfg: DictConfig):
             initial_policy_state(cfg.init.checkpoint)
         except RunPolicyError as e:
             raise ConfigError(f"init.checkpoint: {e}") from None
+    if cfg.init.sft_recipe and not cfg.init.checkpoint and cfg.runner != "llm":
+        _check_warmup(cfg)
     if cfg.runner == "policy_sft":
         _check_demonstrations(cfg, obs_space, act_space)
     elif spec.needs_dataset and not cfg.replay.offline_dataset:
@@ -106,6 +108,21 @@ def check_compatible_policy(cfg: DictConfig):
         except (DatasetError, ImportError) as e:
             raise ConfigError(f"replay.offline_dataset: {e}") from None
     return obs_space, act_space, policy
+
+
+def _check_warmup(cfg: DictConfig) -> None:
+    """``init.sft_recipe``: a supervised recipe for policies that can run with this run's policy and
+    env settings (its demonstrations included), checked before anything starts."""
+    from rlweave.config.chain import warmup_config
+
+    sub = warmup_config(cfg)
+    if sub.cfg.runner != "policy_sft":
+        raise ConfigError(f"init.sft_recipe: '{cfg.init.sft_recipe}' is not a supervised fine-tuning recipe for policies "
+                          f"(its runner is {sub.cfg.runner}; need policy_sft)")
+    try:
+        check_compatible(sub.cfg)
+    except ConfigError as e:
+        raise sub.refuse(e) from None
 
 
 def _check_demonstrations(cfg: DictConfig, obs_space, act_space) -> None:

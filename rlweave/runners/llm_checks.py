@@ -11,7 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from rlweave.config import ConfigError
-from rlweave.config.chain import SubRun, sub_run_config
+from rlweave.config.chain import warmup_config
 from rlweave.envs.text_tasks import TaskDataError, make_task
 from rlweave.runners.checks import algorithm_for_runner, check_update_threads
 
@@ -120,13 +120,4 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def sft_config(cfg: DictConfig) -> SubRun:
-    """The warm-up run: ``init.sft_recipe`` with this run's model, task and data settings
-    (:mod:`rlweave.config.chain`), ``init.sft_overrides``, this run's seed and cluster, and no
-    progress line of its own."""
-    r = cfg.run
-    run_wide = {"seed": cfg.seed, "run.progress": r.progress, "run.tensorboard": r.tensorboard,
-                "cluster.local": cfg.cluster.local, "run.loggers": list(r.loggers),
-                # the warm-up's tracker run sits beside the run's: same project, group and tags
-                "run.group": r.group or cfg.recipe or None, "run.project": r.project, "run.tags": list(r.tags)}
-    return sub_run_config(cfg, cfg.init.sft_recipe, list(cfg.init.sft_overrides), run_wide)
+sft_config = warmup_config  # the language-model runner's name for it

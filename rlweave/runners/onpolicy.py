@@ -27,6 +27,7 @@ from rlweave.cluster import GroupPlacement, PlacementError, WorkerGroup, wait_al
 from rlweave.config import ConfigError
 from rlweave.flow import FlowPlan, Planner, Replanner, physical_cores, plan_from_groups
 from rlweave.models import build_policy
+from rlweave.config.chain import warmup_config
 from rlweave.models.run_policy import initial_policy_state, policy_kwargs
 from rlweave.runners.common import RunnerBase
 from rlweave.runners.records import StageClock, prefixed_means, total, worst
@@ -34,6 +35,8 @@ from rlweave.utils.metrics import MetricsWriter, Progress, Trace, write_text_ato
 from rlweave.workers.actor_worker import ActorWorker
 from rlweave.workers.env_worker import EnvWorker
 from rlweave.workers.rollout_worker import RolloutWorker
+
+WARMUP_DONE = "warmup-done.json"  # in RUN/sft: the warm-up finished (a later attempt of the run starts RL from it)
 
 
 class OnPolicyRunner(RunnerBase):
@@ -78,10 +81,11 @@ class OnPolicyRunner(RunnerBase):
             init_dist=True,
         )
         self.groups.append(self.actor)
-        if cfg.init.checkpoint:  # a resume or restart then loads its own checkpoint over these
-            fresh = self.actor.load_initial_weights(initial_policy_state(cfg.init.checkpoint))
+        source = self._initial_weights()
+        if source is not None:  # a resume or restart then loads its own checkpoint over these
+            fresh = self.actor.load_initial_weights(initial_policy_state(source))
             note = f"; {len(fresh)} tensors it lacks start fresh ({', '.join(sorted({k.split('.')[0] for k in fresh}))})" if fresh else ""
-            print(f"[rlweave] policy starts from {cfg.init.checkpoint}{note}")
+            print(f"[rlweave] policy starts from {source}{note}")
         if cfg.placement.mode == "auto":
             planner = Planner(
                 slots=self.cluster.slots(),
@@ -95,6 +99,40 @@ class OnPolicyRunner(RunnerBase):
             first = plan_from_groups(plan.groups["env"], plan.groups["rollout"], cfg.rollout.micro_batches)
         self._apply_flow(first, initial=True)
         self.eval_policy = build_policy(observation_space=self.obs_space, action_space=self.act_space, chunk=cfg.env.chunk, **self.pkw)
+
+    def _initial_weights(self) -> str | None:
+        """The run folder the policy starts from: ``init.checkpoint``, else the supervised warm-up
+        ``init.sft_recipe`` (run first into ``RUN/sft`` on this run's cluster, with this run's
+        policy and env settings; continued if an earlier attempt of this run left it unfinished),
+        else None (random weights)."""
+        cfg = self.cfg
+        if cfg.init.checkpoint:
+            return cfg.init.checkpoint
+        if not cfg.init.sft_recipe:
+            return None
+        sft_dir = self.run_dir / "sft"
+        if (sft_dir / WARMUP_DONE).is_file():
+            return str(sft_dir)
+        from rlweave.runners.policy_sft import PolicySFTRunner
+
+        sub_run = warmup_config(cfg)
+        started = (sft_dir / "checkpoints").is_dir() and any((sft_dir / "checkpoints").iterdir())
+        print(f"[rlweave] init.checkpoint not given: supervised warm-up '{cfg.init.sft_recipe}' into {sft_dir} with "
+              f"{sub_run.describe()}{' (continuing it)' if started else ''} (all its settings: {sft_dir / 'config.yaml'})")
+        sub = PolicySFTRunner(sub_run.cfg, sft_dir, resume=started)
+        sub.cluster, sub.plan, sub._owns_cluster = self.cluster, sub._plan_placement(self.cluster), False
+        last = sub.run()
+        if sub._stop_reason is not None:
+            raise KeyboardInterrupt(f"the warm-up stopped ({sub._stop_reason}); run the same command again to continue it")
+        rate = last.get("eval/success_rate")
+        print(f"[rlweave] warm-up done: held-out success rate {rate if rate is None else f'{rate:.3f}'}; RL starts")
+        target = sub_run.cfg.train.stop_at_eval
+        if target is not None and not (rate is not None and rate >= target):
+            print(f"[rlweave] warning: the warm-up ended below its target train.stop_at_eval={target}: it ran out of "
+                  f"train.total_updates ({sub_run.cfg.train.total_updates}); RL may see few successes "
+                  "(more updates: init.sft_overrides=['train.total_updates=N'])")
+        (sft_dir / WARMUP_DONE).write_text(json.dumps({"iteration": sub.iteration, "eval/success_rate": rate}))
+        return str(sft_dir)
 
     def _apply_flow(self, flow: FlowPlan, initial: bool = False) -> None:
         """Lays the env and rollout groups out as ``flow`` says, between iterations. The rollout
