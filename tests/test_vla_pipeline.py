@@ -101,3 +101,25 @@ def test_a_warm_up_that_cannot_take_the_runs_settings_is_refused_before_it_start
     rc, _ = train("ppo-vla-mt3", f"data.path={tmp_path / 'none'}", f"run.dir={tmp_path / 'r'}", *QUIET)
     assert rc == 2
     assert not (tmp_path / "r").exists()
+
+
+def test_grpo_groups_are_one_task_from_one_start(sft_run, tmp_path):
+    sft_dir, _ = sft_run
+    small = [o for o in SMALL if not o.startswith("env.num_envs")]
+    rc, out = train("grpo-vla-mt3", f"init.checkpoint={sft_dir}", *small, "env.num_envs=6", "algorithm.group_size=2",
+                    "env.kwargs.task_block=2", "train.rollout_steps=3", "train.total_env_steps=60", "algorithm.epochs=1",
+                    "algorithm.minibatch_size=6", "placement.groups.rollout.threads=1", "train.eval_every=0",
+                    f"run.dir={tmp_path / 'grpo'}", *QUIET)
+    assert rc == 0, out
+    rows = read_metrics(tmp_path / "grpo")
+    assert rows[-1]["env_steps"] >= 60
+
+
+def test_metaworld_task_blocks_and_success_reward():
+    from rlweave.envs.metaworld_suite import make_env
+
+    names = [make_env("reach-v3,push-v3", slot=s, task_block=2).task_name for s in range(4)]
+    assert names == ["reach-v3", "reach-v3", "push-v3", "push-v3"]
+    env = make_env("reach-v3", reward="success")
+    env.reset(seed=0)
+    assert env.step(env.action_space.sample() * 0)[1] == 0.0

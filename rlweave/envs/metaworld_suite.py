@@ -148,6 +148,7 @@ class MetaWorldEnv(gym.Env):
         split: str = "train",
         obs: str = "dict",
         terminate_on_success: bool = True,
+        reward: str = "dense",
     ):
         if task not in ALL_V3_ENVIRONMENTS:
             parse_tasks(task)  # raises the one-line error
@@ -165,6 +166,9 @@ class MetaWorldEnv(gym.Env):
         self._split = 1 if split == "test" else 0
         self._flat = obs == "flat"
         self.terminate_on_success = bool(terminate_on_success)
+        if reward not in ("dense", "success"):
+            raise ValueError(f"env.kwargs.reward: '{reward}' is not 'dense' (MetaWorld's shaped reward) or 'success'")
+        self.sparse = reward == "success"
 
         core = ALL_V3_ENVIRONMENTS[task]()
         core._partially_observable = False  # the goal is part of the (privileged) state
@@ -223,6 +227,8 @@ class MetaWorldEnv(gym.Env):
     def step(self, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
         raw, reward, _, truncated, info = self._core.step(np.asarray(action, dtype=np.float32))
         success = bool(info.get("success", False))
+        if self.sparse:  # 1 on the step that succeeds: an episode's return is its success
+            reward = float(success)
         info = dict(info, success=success, task_name=self.task_name)
         terminated = success and self.terminate_on_success
         truncated = bool(truncated or self._core.curr_path_length >= self.max_episode_steps)
@@ -304,12 +310,17 @@ def make_env(
     obs: str = "dict",
     terminate_on_success: bool = True,
     slot: int = 0,
+    task_block: int = 1,
+    reward: str = "dense",
 ) -> MetaWorldEnv:
     """The suite's maker: ``task`` is a task, ``mt10``/``mt50`` or a comma list; env ``slot`` runs
-    ``tasks[slot % len(tasks)]``."""
+    ``tasks[(slot // task_block) % len(tasks)]``. ``task_block``: how many consecutive envs share a
+    task (GRPO sets it to its group size: a group must be one task from one initial state)."""
     tasks = parse_tasks(task)
-    return MetaWorldEnv(tasks[slot % len(tasks)], pixels=pixels, max_episode_steps=max_episode_steps,
-                        split=split, obs=obs, terminate_on_success=terminate_on_success)
+    if task_block < 1:
+        raise ValueError(f"env.kwargs.task_block: must be >= 1, got {task_block}")
+    return MetaWorldEnv(tasks[(slot // task_block) % len(tasks)], pixels=pixels, max_episode_steps=max_episode_steps,
+                        split=split, obs=obs, terminate_on_success=terminate_on_success, reward=reward)
 
 
 _LIVE_RENDERERS: "weakref.WeakSet[mujoco.Renderer]" = weakref.WeakSet()
