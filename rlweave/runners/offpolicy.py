@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlweave.cluster import Cluster, GroupPlacement, PlacementError, WorkerGroup, make_plan, wait_all
 from rlweave.models import build_policy
 from rlweave.models.run_policy import policy_kwargs
-from rlweave.runners.records import StageClock, total, worst
+from rlweave.runners.records import StageClock, total, update_only_record, worst
 from rlweave.runners.common import Budget, RunnerBase
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace
 from rlweave.data.datasets import load_transitions
@@ -191,13 +191,7 @@ class OffPolicyRunner(RunnerBase):
         t_iter = time.perf_counter() - t0
         self.updates += due
         self.iteration += 1
-        record: dict = {"iteration": self.iteration, "env_steps": 0, "wall_time": None}
-        record.update({k: v for k, v in act_out.items() if k.startswith("train/")})
-        record["samples/updates"] = due
-        record["time/actor"] = act_out["time/actor_train"]
-        record["time/iteration"] = t_iter
-        record["perf/updates_per_s"] = due / t_iter
-        record["mem/actor_peak_rss_mb"] = act_out["peak_rss_mb"]
+        record = update_only_record(self.iteration, act_out, due, t_iter)
         trace.span("actor[0]", "train", t0, t_iter)
         return self._finish_record(record, metrics, trace, progress, final=self.updates >= t.total_updates)
 

@@ -27,6 +27,7 @@ from rlweave.cluster import WorkerGroup
 from rlweave.models import build_policy
 from rlweave.models.run_policy import policy_kwargs
 from rlweave.runners.common import Budget, RunnerBase
+from rlweave.runners.records import update_only_record
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace
 from rlweave.workers.actor_worker import ActorWorker
 
@@ -79,15 +80,8 @@ class PolicySFTRunner(RunnerBase):
         self.iteration += 1
         self._sync_weights()
         t_iter = time.perf_counter() - t0
-        record: dict = {"iteration": self.iteration, "env_steps": 0, "wall_time": None}
-        record.update({k: v for k, v in out.items() if k.startswith("train/")})
-        losses = [v for k, v in out.items() if k.startswith("train/loss_")]
-        record["train/loss"] = float(sum(losses))
-        record["samples/updates"] = due
-        record["time/actor"] = out["time/actor_train"]
-        record["time/iteration"] = t_iter
-        record["perf/updates_per_s"] = due / t_iter
-        record["mem/actor_peak_rss_mb"] = out["peak_rss_mb"]
+        record = update_only_record(self.iteration, out, due, t_iter)
+        record["train/loss"] = float(sum(v for k, v in out.items() if k.startswith("train/loss_")))
         trace.span("actor[0]", "imitate", t0, t_iter)
         return self._finish_record(record, metrics, trace, progress, final=self.updates >= t.total_updates)
 

@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["StageClock", "mean_of", "prefixed_means", "total", "worst"]
+__all__ = ["StageClock", "mean_of", "prefixed_means", "total", "update_only_record", "worst"]
 
 
 class StageClock:
@@ -62,3 +62,17 @@ def total(outs: Sequence[dict], key: str) -> float:
 def prefixed_means(outs: Sequence[dict], prefix: str) -> dict:
     """The mean over ranks of every numeric entry whose key starts with ``prefix``."""
     return {k: mean_of(outs, k) for k, v in outs[0].items() if k.startswith(prefix) and isinstance(v, (numbers.Real, np.generic))}
+
+
+def update_only_record(iteration: int, act_out: dict, updates: int, seconds: float) -> dict:
+    """The metrics record of an iteration made of gradient updates alone (offline RL, supervised
+    fine-tuning of a policy): the learner's ``train/*`` terms, the update rate and its memory."""
+    record: dict = {"iteration": iteration, "env_steps": 0, "wall_time": None}
+    record.update({k: v for k, v in act_out.items() if k.startswith("train/")})
+    record["samples/updates"] = updates
+    record["time/actor"] = act_out["time/actor_train"]
+    record["time/iteration"] = seconds
+    record["perf/updates_per_s"] = updates / seconds
+    record["mem/actor_peak_rss_mb"] = act_out["peak_rss_mb"]
+    return record
+
