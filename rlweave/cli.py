@@ -118,8 +118,14 @@ def cmd_eval(args) -> int:
     except RunPolicyError as e:
         return _fail(str(e))
     cfg = run.cfg
-    result = evaluate_policy(run.policy, OmegaConf.to_container(cfg.env), args.episodes, seed=args.seed, gamma=cfg.algorithm.gamma)
+    videos = args.video or 0
+    if videos < 0:
+        return _fail(f"--video: must be >= 0, got {videos}")
+    result = evaluate_policy(run.policy, OmegaConf.to_container(cfg.env), args.episodes, seed=args.seed, gamma=cfg.algorithm.gamma,
+                             videos=videos, video_dir=Path(args.run_dir) / "videos", tag=f"eval_{run.checkpoint.name}")
     result = {"checkpoint": run.checkpoint.name, "episodes": args.episodes, **result}
+    if videos and not result.get("eval/videos"):
+        print(f"rlweave eval: --video: env '{cfg.env.id}' gives no camera images; no video written", file=sys.stderr)
     print(json.dumps(result))
     return 0
 
@@ -314,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("run_dir")
     s.add_argument("--episodes", type=int, default=10)
     s.add_argument("--seed", type=int, default=12345)
+    s.add_argument("--video", type=int, nargs="?", const=3, default=0, metavar="N",
+                   help="record the first N episodes (default 3) to RUN/videos/ (envs with camera images)")
     s.set_defaults(fn=cmd_eval)
     s = sub.add_parser("plot", help="learning curves of one or more runs to a PNG")
     s.add_argument("run_dirs", nargs="+")

@@ -307,6 +307,9 @@ class TrainConfig:
     rollout_steps: int = positive(128)  # policy decisions per env per iteration (max episode steps for GRPO)
     eval_every: int = non_negative(10)  # iterations; 0 = never
     eval_episodes: int = positive(10)
+    # of each evaluation's episodes, how many to record as videos (camera images, instruction,
+    # outcome) under RUN/videos/; 0 = none. Envs without images record nothing
+    eval_videos: int = non_negative(0)
     checkpoint_every: int = non_negative(25)  # iterations; 0 = only at the end
     # off-policy: the learner trains while env workers collect. A transition may reach the learner
     # at most max_staleness policy versions after the one that acted (0 = collect, then train);

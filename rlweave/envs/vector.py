@@ -44,6 +44,7 @@ class EnvError(RuntimeError):
 SUITES: dict[str, tuple[str, str]] = {
     "gym": ("rlweave.envs.gym_suite:make_env", ""),
     "metaworld": ("rlweave.envs.metaworld_suite:make_env", "metaworld"),
+    "dsrl": ("rlweave.envs.dsrl:make_env", ""),  # dsrl/<inner id>: noise-space actions of a frozen flow policy
 }
 
 
@@ -201,6 +202,9 @@ class VectorEnv:
         self._box = isinstance(self.single_action_space, gym.spaces.Box)
         self._obs_shape = _space_shapes(env_id, self.single_observation_space)
         self.stats = EpisodeStats(num_envs)
+        # per env, the success flag of its latest finished episode (NaN: none yet, or not reported);
+        # the statistics' lists are in finishing order, evaluation videos need it by env
+        self.last_success = np.full(num_envs, np.nan)
         self.scaler = RewardScaler(num_envs, gamma, reward_clip) if normalize_reward else None
         self.steps = 0  # env steps taken by this worker (every env, every chunk element)
         self.dropped_episodes = 0
@@ -289,6 +293,7 @@ class VectorEnv:
         done = terminated | truncated
         for i in np.flatnonzero(done):
             self.stats.finish(lo + int(i), None if np.isnan(success[i]) else success[i], task[i])
+            self.last_success[lo + int(i)] = success[i]
             if truncated[i]:
                 final_obs[int(i)] = tree_copy(tree_index(obs, i))
         for i in np.flatnonzero(dropped):

@@ -272,7 +272,8 @@ class RunnerBase(Tracking):
         unpack_into(self.eval_policy, resolve_buckets(self._eval_packet().buckets))
         env_cfg = OmegaConf.to_container(self.cfg.env)
         return evaluate_policy(self.eval_policy, env_cfg, self.cfg.train.eval_episodes,
-                               seed=self.cfg.seed + 10_000 + self.iteration, gamma=self.cfg.algorithm.gamma)
+                               seed=self.cfg.seed + 10_000 + self.iteration, gamma=self.cfg.algorithm.gamma,
+                               videos=self.cfg.train.eval_videos, video_dir=self.run_dir / "videos", tag=f"iter_{self.iteration:08d}")
 
     def _eval_packet(self):
         """The weights :meth:`evaluate` uses: the newest synced packet."""

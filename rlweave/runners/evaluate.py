@@ -1,7 +1,12 @@
-"""Evaluation: deterministic episodes of a policy on separately seeded environments."""
+"""Evaluation: deterministic episodes of a policy on separately seeded environments, optionally
+recorded as videos of their camera images (:mod:`rlweave.utils.video`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any, Callable
+
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -9,10 +14,30 @@ from rlweave.envs import VectorEnv
 from rlweave.models import Policy
 from rlweave.models.inputs import float_observations, policy_input
 
+MAX_VIDEO_FPS = 25.0  # GIF viewers play frame delays under 20 ms slowly; fast sims are sped down to this
 
-def evaluate_policy(policy: Policy, env_cfg: dict, episodes: int, seed: int, gamma: float = 0.99) -> dict:
+
+def evaluate_policy(
+    policy: Policy,
+    env_cfg: dict,
+    episodes: int,
+    seed: int,
+    gamma: float = 0.99,
+    videos: int = 0,
+    video_dir: Path | None = None,
+    tag: str = "",
+) -> dict:
     """Runs exactly one deterministic episode on each of ``episodes`` envs (no early stopping
-    bias towards short episodes), made with ``env.kwargs`` updated by ``env.eval_kwargs``. Returns mean/std return, mean length and success rate."""
+    bias towards short episodes), made with ``env.kwargs`` updated by ``env.eval_kwargs``. Returns
+    mean/std return, mean length and success rate.
+
+    ``videos > 0`` records the episodes of the first ``videos`` envs to
+    ``video_dir/{tag}_ep{i}.gif`` (``.mp4`` where imageio-ffmpeg is installed), listed under
+    ``eval/videos``; envs without camera images record nothing. A frame is the observation each
+    policy decision saw (plus the episode's last), so with action chunks (``env.chunk > 1``) a
+    video shows every ``chunk``-th env step: the policy's view, at no extra render cost."""
+    if videos > 0 and video_dir is None:
+        raise ValueError("evaluate_policy: videos > 0 needs a video_dir")
     env = VectorEnv(
         env_cfg["id"],
         episodes,
@@ -25,23 +50,34 @@ def evaluate_policy(policy: Policy, env_cfg: dict, episodes: int, seed: int, gam
         on_nonfinite=env_cfg.get("on_nonfinite", "error"),
         kwargs={**(env_cfg.get("kwargs") or {}), **(env_cfg.get("eval_kwargs") or {})},  # held-out starts
     )
+    camera = _camera(env.single_observation_space) if videos > 0 else None
+    recorded = min(videos, episodes) if camera is not None else 0
+    frames: list[list[np.ndarray]] = [[] for _ in range(recorded)]
     try:
         obs = env.reset()
+        instructions = _instructions(obs, recorded)
         active = np.ones(episodes, dtype=bool)
         float_obs = float_observations(env.single_observation_space)
         policy.eval()
         while active.any():
+            for i in np.flatnonzero(active[:recorded]):
+                frames[i].append(camera(obs, i))
             with torch.inference_mode():
                 action, _, _ = policy.act(policy_input(obs, float_obs), deterministic=True)
             res = env.step(policy.env_action(action).numpy(), auto_reset=False, active=active)
-            active &= ~(res.terminated | res.truncated)
             obs = res.obs
+            for i in np.flatnonzero(active[:recorded] & (res.terminated | res.truncated)[:recorded]):
+                frames[i].append(camera(obs, i))  # the episode's last observation
+            active &= ~(res.terminated | res.truncated)
         stats = env.episode_stats()
+        success = env.last_success.copy()
+        fps = min(MAX_VIDEO_FPS, float(env.envs[0].metadata.get("render_fps") or 15) / env.chunk)
     finally:
         env.close()
+    paths = _write_videos(frames, instructions, success, fps, video_dir, tag)
     returns = np.asarray(stats["return"], dtype=np.float64)
     if returns.size == 0:  # every episode was dropped for non-finite values: no return to report
-        return {"eval/episode_return": None, "eval/episodes": 0, "eval/dropped_episodes": env.dropped_episodes}
+        return {"eval/episode_return": None, "eval/episodes": 0, "eval/dropped_episodes": env.dropped_episodes, **paths}
     out = {
         "eval/episode_return": float(returns.mean()),
         "eval/episode_return_std": float(returns.std()),
@@ -51,4 +87,45 @@ def evaluate_policy(policy: Policy, env_cfg: dict, episodes: int, seed: int, gam
         out["eval/success_rate"] = float(np.mean(stats["success"]))
     for task, flags in sorted((stats.get("success_by_task") or {}).items()):  # multi-task suites
         out[f"eval/success_rate/{task}"] = float(np.mean(flags))
-    return out
+    return {**out, **paths}
+
+
+# --------------------------------------------------------------------------- videos
+def _camera(space: gym.Space) -> Callable[[Any, int], np.ndarray] | None:
+    """How to take env ``i``'s camera image (uint8 ``[H, W, 3]``) from a batch of observations, or
+    None when the observations hold none: the ``image`` key of a manipulation observation, or a
+    pixel observation itself (of a frame stack ``[H, W, 3k]``, the newest frame: the last 3
+    channels)."""
+    if isinstance(space, gym.spaces.Dict):
+        space, key = space.spaces.get("image"), "image"
+    else:
+        key = None
+    if not (isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+            and space.shape[2] >= 3 and space.shape[2] % 3 == 0):
+        return None
+    if key is not None:
+        return lambda obs, i: np.array(obs[key][i][..., -3:])
+    return lambda obs, i: np.array(obs[i][..., -3:])
+
+
+def _instructions(obs: Any, n: int) -> list[str | None]:
+    """The first ``n`` envs' instructions (manipulation observations carry them as bytes)."""
+    if not isinstance(obs, dict) or "instruction" not in obs:
+        return [None] * n
+    from rlweave.envs.manipulation import decode_instruction
+
+    return [decode_instruction(obs["instruction"][i]) for i in range(n)]
+
+
+def _write_videos(frames: list[list[np.ndarray]], instructions: list[str | None], success: np.ndarray,
+                  fps: float, video_dir: Path | None, tag: str) -> dict:
+    """One video per recorded episode; ``{"eval/videos": [paths]}``, or nothing when none was recorded."""
+    if not frames:
+        return {}
+    from rlweave.utils.video import write_episode_video
+
+    paths = []
+    for i, episode in enumerate(frames):
+        ok = None if np.isnan(success[i]) else bool(success[i])
+        paths.append(str(write_episode_video(Path(video_dir) / f"{tag}_ep{i}", episode, instructions[i], ok, fps=fps)))
+    return {"eval/videos": paths}
