@@ -123,3 +123,17 @@ def test_metaworld_task_blocks_and_success_reward():
     env = make_env("reach-v3", reward="success")
     env.reset(seed=0)
     assert env.step(env.action_space.sample() * 0)[1] == 0.0
+
+
+@pytest.mark.parametrize("head", ["discrete", "flow"])
+def test_ppo_trains_the_other_heads(ray_session, head, tmp_path):
+    """The discrete head (action tokens) and the flow head (its stored denoising chain, executed
+    through env_action) go through the same on-policy workers."""
+    small = [o for o in SMALL if not o.startswith("env.num_envs")]
+    rc, out = train("ppo-vla-mt3", "init.sft_recipe=null", f"policy.kwargs.head={head}", "policy.kwargs.flow_steps=2",
+                    "policy.kwargs.bins=16", *small, "env.num_envs=2", "train.rollout_steps=2", "train.total_env_steps=16",
+                    "algorithm.epochs=1", "algorithm.minibatch_size=4", "placement.groups.rollout.threads=1",
+                    "train.eval_every=0", f"run.dir={tmp_path / head}", *QUIET)
+    assert rc == 0, out
+    rows = read_metrics(tmp_path / head)
+    assert rows[-1]["env_steps"] == 16 and math.isfinite(rows[-1]["train/approx_kl"])
