@@ -10,6 +10,7 @@ weights. The trainer is the same for every on-policy algorithm: what differs is 
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 
@@ -27,7 +28,7 @@ from rlweave.cluster import Worker
 from rlweave.models import build_policy
 from rlweave.models.flat import FlatParameters
 from rlweave.models.inputs import float_observations, policy_input
-from rlweave.utils.tree import is_dict, tree_map
+from rlweave.utils.tree import is_dict, tree_index, tree_map
 from rlweave.utils.memory import device_memory_mb, peak_rss_mb
 from rlweave.workers.channels import ChannelSpec
 from rlweave.sync.weights import WeightPacket, pack_state, share_packet
@@ -221,29 +222,14 @@ class ActorWorker(Worker):
             shuffled = {k: batch[k][perm] for k in keys}  # one gather per epoch, then cheap slices
             for start in range(0, B - mb + 1 if B >= mb else 1, mb):
                 mbatch = {k: v[start : start + mb] for k, v in shuffled.items()}
-                log_prob, entropy, value = model(mbatch["obs"], mbatch["action"])
-                if not cfg["ent_coef"]:  # no bonus: keep the entropy out of the graph, log it only
-                    entropy_mean, entropy = entropy.detach().mean(), None
-                adv = mbatch["adv"]
-                if cfg.get("norm_adv", True) and whiten:
-                    adv = normalize(adv)
-                critic = self.spec.uses_critic
-                terms = self.loss_fn(OnPolicyLossInput(
-                    log_prob=log_prob, old_log_prob=mbatch["log_prob"], advantages=adv, entropy=entropy,
-                    values=value if critic else None, old_values=mbatch["value"] if critic else None,
-                    returns=mbatch["returns"] if critic else None, obs=mbatch["obs"], action=mbatch["action"],
-                    clip_eps=clip, cfg=cfg,
-                ))
-                if entropy is None:
-                    terms["entropy"] = entropy_mean
-                loss = total_loss(terms)
+                if cfg.get("norm_adv", True) and whiten:  # over the whole minibatch, before any split
+                    mbatch["adv"] = normalize(mbatch["adv"])
                 self.flat.zero_grad()
-                loss.backward()
+                stacked, terms = self._accumulate(model, mbatch, clip)
                 if cfg["max_grad_norm"] > 0:
                     self.flat.clip_grad_norm_(cfg["max_grad_norm"])
                 self.optimizer.step()
                 # summed as one stacked tensor: two ops per minibatch and no sync to Python
-                stacked = torch.stack([v.detach() for v in terms.values()])
                 sums = stacked if sums is None else sums + stacked
                 names = names or list(terms)
                 count += 1
@@ -263,6 +249,38 @@ class ActorWorker(Worker):
         if result.unexpected_keys:
             raise ValueError(f"init.checkpoint: its policy has tensors this one lacks: {', '.join(result.unexpected_keys[:5])}")
         return list(result.missing_keys)
+
+    def _accumulate(self, model, mbatch: dict, clip: float) -> tuple[torch.Tensor, dict]:
+        """Gradients of one minibatch's loss, in micro-batches of ``algorithm.micro_batch_size``
+        rows when set (gradient accumulation: the same gradient, a fraction of the activation
+        memory, for policies too large to forward a whole minibatch at once, such as VLAs on a
+        GPU). Returns the loss terms averaged over the minibatch (stacked) and their names."""
+        cfg, n = self.cfg, len(mbatch["adv"])
+        step = cfg.get("micro_batch_size") or n
+        parts = [slice(i, min(n, i + step)) for i in range(0, n, step)]
+        critic = self.spec.uses_critic
+        stacked = None
+        for j, sl in enumerate(parts):
+            mb = {k: v[sl] for k, v in mbatch.items()} if len(parts) > 1 else mbatch
+            sync = contextlib.nullcontext() if j == len(parts) - 1 or not hasattr(model, "no_sync") else model.no_sync()
+            with sync:
+                log_prob, entropy, value = model(mb["obs"], mb["action"])
+                if not cfg["ent_coef"]:  # no bonus: keep the entropy out of the graph, log it only
+                    entropy_mean, entropy = entropy.detach().mean(), None
+                terms = self.loss_fn(OnPolicyLossInput(
+                    log_prob=log_prob, old_log_prob=mb["log_prob"], advantages=mb["adv"], entropy=entropy,
+                    values=value if critic else None, old_values=mb["value"] if critic else None,
+                    returns=mb["returns"] if critic else None, obs=mb["obs"], action=mb["action"],
+                    clip_eps=clip, cfg=cfg,
+                ))
+                if entropy is None:
+                    terms["entropy"] = entropy_mean
+                w = (sl.stop - sl.start) / n
+                (total_loss(terms) * w if w != 1 else total_loss(terms)).backward()
+            part = torch.stack([v.detach() for v in terms.values()])
+            part = part * w if w != 1 else part
+            stacked = part if stacked is None else stacked + part
+        return stacked, terms
 
     # ------------------------------------------------------------------ supervised fine-tuning
     @group_method("all")
@@ -289,21 +307,26 @@ class ActorWorker(Worker):
         t0 = time.perf_counter()
         sums: torch.Tensor | None = None
         names: list[str] = []
+        step = cfg.get("micro_batch_size") or mb  # gradient accumulation, as in the RL update
         for _ in range(num_updates):
             sample = self.demos.sample(mb, self.rng)
-            obs = self._obs(sample["obs"], self.device)
-            actions = torch.from_numpy(sample["actions"]).to(self.device)
-            terms = self.loss_fn(PolicySFTLossInput(policy=self.policy, obs=obs, actions=actions, weights=None, cfg=cfg))
-            loss = total_loss(terms)
             self.flat.zero_grad()
-            loss.backward()
+            stacked = None
+            for lo in range(0, mb, step):
+                rows = slice(lo, min(mb, lo + step))
+                obs = self._obs(tree_index(sample["obs"], rows), self.device)
+                actions = torch.from_numpy(sample["actions"][rows]).to(self.device)
+                terms = self.loss_fn(PolicySFTLossInput(policy=self.policy, obs=obs, actions=actions, weights=None, cfg=cfg))
+                w = (rows.stop - rows.start) / mb
+                (total_loss(terms) * w).backward()
+                part = torch.stack([v.detach().float() for v in terms.values()]) * w
+                stacked = part if stacked is None else stacked + part
             if distributed:
                 dist.all_reduce(self.flat.flat.grad)
                 self.flat.flat.grad.div_(self.world_size)
             if cfg["max_grad_norm"] > 0:
                 self.flat.clip_grad_norm_(cfg["max_grad_norm"])
             self.optimizer.step()
-            stacked = torch.stack([v.detach().float() for v in terms.values()])
             sums = stacked if sums is None else sums + stacked
             names = names or list(terms)
         self.policy.eval()
