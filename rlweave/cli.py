@@ -96,8 +96,8 @@ def _execute(runner) -> int:
             where = ""
         print(f"rlweave: run stopped: {e.short}{where}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("rlweave: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(f"rlweave: interrupted{f': {e}' if str(e) else ''}", file=sys.stderr)
         return 130
     summary = {k: v for k, v in last.items() if k in ("iteration", "env_steps", "train/episode_return", "eval/episode_return",
                                                          "train/reward", "eval/accuracy")}

@@ -137,3 +137,20 @@ def test_ppo_trains_the_other_heads(ray_session, head, tmp_path):
     assert rc == 0, out
     rows = read_metrics(tmp_path / head)
     assert rows[-1]["env_steps"] == 16 and math.isfinite(rows[-1]["train/approx_kl"])
+
+
+def test_a_stopped_warm_up_is_continued_not_taken_as_finished(ray_session, demos, tmp_path, monkeypatch):
+    from rlweave.runners.policy_sft import PolicySFTRunner
+
+    args = ["ppo-vla-mt3", f"data.path={demos}", *SMALL, "train.rollout_steps=3", "train.total_env_steps=36",
+            "algorithm.epochs=1", "algorithm.minibatch_size=9", "placement.groups.rollout.threads=1",
+            "init.sft_overrides=['train.total_updates=4','train.updates_per_iteration=2','algorithm.minibatch_size=8',"
+            "'train.eval_every=0','train.checkpoint_every=1']", f"run.dir={tmp_path / 'r'}", *QUIET]
+    monkeypatch.setattr(PolicySFTRunner, "_after_iteration", lambda self, record: self.request_stop("Ctrl-C (test)"))
+    rc, _ = train(*args)
+    assert rc == 130  # interrupted: RL did not start from a half-trained warm-up
+    assert not (tmp_path / "r" / "sft" / "warmup-done.json").exists()
+    monkeypatch.undo()
+    rc, out = train(*args)
+    assert rc == 0, out
+    assert "(continuing it)" in out and (tmp_path / "r" / "sft" / "warmup-done.json").is_file()

@@ -41,9 +41,10 @@ CARRIED: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "embodied": (("policy",), ("env.id", "env.chunk", "env.pixels", "env.max_episode_steps", "env.kwargs", "env.eval_kwargs"),
                  ("data",)),
 }
+WARMUP_DONE = "warmup-done.json"  # in RUN/sft once the warm-up finished: later attempts of the run start RL from it
 WHOLE = ("kwargs", "eval_kwargs")  # free-form dict settings carried as one value
 
-__all__ = ["CARRIED", "SubRun", "carried_values", "sub_run_config", "warmup_config"]
+__all__ = ["CARRIED", "WARMUP_DONE", "SubRun", "carried_values", "sub_run_config", "warmup_config"]
 
 
 class SubRun:

@@ -18,6 +18,7 @@ whatever the number of workers.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from rlweave.config import ConfigError
 from rlweave.envs.text_tasks import Prompt, make_task
 from rlweave.runners.common import Budget, RunnerBase
 from rlweave.runners.llm_batches import assemble, groups_of, rl_metrics
+from rlweave.config.chain import WARMUP_DONE
 from rlweave.runners.llm_checks import check_llm, resolve_init, sft_config
 from rlweave.runners.records import StageClock
 from rlweave.sync.weights import verify_sync
@@ -125,12 +127,13 @@ class LLMRunner(RunnerBase):
         if self.sft or not cfg.init.sft_recipe:
             return None
         sft_dir = self.run_dir / "sft"
-        if (sft_dir / "model" / "config.json").is_file():
+        if (sft_dir / WARMUP_DONE).is_file():
             return sft_dir / "model"
         sub_run = sft_config(cfg)
+        started = (sft_dir / "checkpoints").is_dir() and any((sft_dir / "checkpoints").iterdir())
         print(f"[rlweave] init.checkpoint not given: supervised warm-up '{cfg.init.sft_recipe}' into {sft_dir} with "
-              f"{sub_run.describe()} (all its settings: {sft_dir / 'config.yaml'})")
-        sub = LLMRunner(sub_run.cfg, sft_dir)
+              f"{sub_run.describe()}{' (continuing it)' if started else ''} (all its settings: {sft_dir / 'config.yaml'})")
+        sub = LLMRunner(sub_run.cfg, sft_dir, resume=started)
         sub.cluster, sub.plan, sub._owns_cluster = self.cluster, sub._plan_placement(self.cluster), False
         # the checks that need the tokenizer, for the warm-up's settings and this run's, before any training
         from rlweave.models.causal_lm import load_tokenizer
@@ -140,6 +143,8 @@ class LLMRunner(RunnerBase):
         sub.check_prompts(tokenizer)
         self.check_prompts(tokenizer)
         last = sub.run()
+        if sub._stop_reason is not None:  # stopped, not finished: RL must not start from a half-trained model
+            raise KeyboardInterrupt(f"the warm-up stopped ({sub._stop_reason}); run the same command again to continue it")
         accuracy = last.get("eval/accuracy", float("nan"))
         print(f"[rlweave] warm-up done: held-out accuracy {accuracy:.3f}; RL starts")
         target = sub_run.cfg.train.stop_at_eval
@@ -147,6 +152,7 @@ class LLMRunner(RunnerBase):
             print(f"[rlweave] warning: the warm-up ended at held-out accuracy {accuracy:.3f}, below its target "
                   f"train.stop_at_eval={target}: it ran out of train.total_updates ({sub_run.cfg.train.total_updates}); "
                   f"RL may see few rewards (more updates: init.sft_overrides=['train.total_updates=N'])")
+        (sft_dir / WARMUP_DONE).write_text(json.dumps({"updates": sub.updates, "eval/accuracy": accuracy}))
         return sft_dir / "model"
 
     def check_prompts(self, tokenizer) -> None:

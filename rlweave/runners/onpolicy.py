@@ -27,7 +27,7 @@ from rlweave.cluster import GroupPlacement, PlacementError, WorkerGroup, wait_al
 from rlweave.config import ConfigError
 from rlweave.flow import FlowPlan, Planner, Replanner, physical_cores, plan_from_groups
 from rlweave.models import build_policy
-from rlweave.config.chain import warmup_config
+from rlweave.config.chain import WARMUP_DONE, warmup_config
 from rlweave.models.run_policy import initial_policy_state, policy_kwargs
 from rlweave.runners.common import RunnerBase
 from rlweave.runners.records import StageClock, prefixed_means, total, worst
@@ -35,8 +35,6 @@ from rlweave.utils.metrics import MetricsWriter, Progress, Trace, write_text_ato
 from rlweave.workers.actor_worker import ActorWorker
 from rlweave.workers.env_worker import EnvWorker
 from rlweave.workers.rollout_worker import RolloutWorker
-
-WARMUP_DONE = "warmup-done.json"  # in RUN/sft: the warm-up finished (a later attempt of the run starts RL from it)
 
 
 class OnPolicyRunner(RunnerBase):
