@@ -269,6 +269,12 @@ for _name, _target, _dataset, _desc in (
         AlgorithmSpec(name=_name, kind="off_policy", advantage=None, loss=_name, uses_critic=True, episodic_groups=False,
                       description=_desc, target_network=_target, needs_dataset=_dataset)
     )
+register_algorithm(  # DSRL-SAC: the noise space is the env's action space (rlweave.envs.dsrl), the learner is SAC's
+    AlgorithmSpec(name="dsrl", kind="off_policy", advantage=None, loss="sac", uses_critic=True, episodic_groups=False,
+                  description="DSRL: SAC over the initial noise of a frozen flow policy (env.id dsrl/<id>, "
+                              "env.kwargs.base_policy RUN_DIR), which decodes each noise into an action chunk",
+                  target_network=True)
+)
 for _name, _labelling, _desc in (
     ("bc", "expert", "behaviour cloning: the expert acts and labels every state; the actor regresses its actions"),
     ("dagger", "mixture", "DAgger: the learner acts (the expert with a decaying probability), the expert labels every visited state"),
