@@ -44,6 +44,7 @@ class EnvError(RuntimeError):
 SUITES: dict[str, tuple[str, str]] = {
     "gym": ("rlweave.envs.gym_suite:make_env", ""),
     "metaworld": ("rlweave.envs.metaworld_suite:make_env", "metaworld"),
+    "libero": ("rlweave.envs.libero_suite:make_env", "libero"),
     "dsrl": ("rlweave.envs.dsrl:make_env", ""),  # dsrl/<inner id>: noise-space actions of a frozen flow policy
 }
 
