@@ -52,13 +52,11 @@ Decisions, and why:
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import copy
 import io
 import logging
 import os
-import weakref
 from functools import lru_cache
 from typing import Any
 
@@ -85,7 +83,7 @@ import numpy as np  # noqa: E402
 from robosuite.utils.transform_utils import quat2axisangle  # noqa: E402
 
 from rlweave.envs.manipulation import (  # noqa: E402
-    encode_instruction, fast_offscreen, fast_scene, instruction_space, release_gl_context,
+    encode_instruction, fast_offscreen, fast_scene, instruction_space, release_gl_context, track_renderer,
 )
 
 __all__ = ["make_env", "LiberoEnv", "parse_tasks", "split_indices", "task_info", "INSTRUCTION_BYTES", "SUITES"]
@@ -233,7 +231,7 @@ class LiberoEnv(gym.Env):
                              f"known: {names} ('wrist' = {WRIST_CAMERA})")
         fast_offscreen(model, w, h)  # before the renderer: it sizes its framebuffer from these
         self._renderer = mujoco.Renderer(model, height=h, width=w)
-        _track(self._renderer)
+        track_renderer(self._renderer)
         fast_scene(self._renderer.scene)
         mujoco.mj_forward(model, data)
         release_gl_context()  # the renderer's construction left its context current in this thread
@@ -395,20 +393,3 @@ def make_env(
                      settle_steps=settle_steps, reward=reward)
 
 
-_LIVE_RENDERERS: "weakref.WeakSet[mujoco.Renderer]" = weakref.WeakSet()
-_AT_EXIT: list[bool] = []
-
-
-def _track(renderer: mujoco.Renderer) -> None:
-    """Remembers a live renderer, to free it at exit: registered after the first EGL context
-    exists (after mujoco's own ``eglTerminate`` hook), so it runs first; freeing from ``__del__``
-    after the display is terminated fails noisily."""
-    _LIVE_RENDERERS.add(renderer)
-    if not _AT_EXIT:
-        atexit.register(_close_renderers)
-        _AT_EXIT.append(True)
-
-
-def _close_renderers() -> None:
-    for renderer in list(_LIVE_RENDERERS):
-        renderer.close()

@@ -24,6 +24,8 @@ shadow and reflection flags off.
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from typing import Any
 
 import numpy as np
@@ -99,4 +101,24 @@ def release_gl_context() -> None:
 
     if egl.EGL_DISPLAY is not None:
         egl.EGL.eglMakeCurrent(egl.EGL_DISPLAY, egl.EGL.EGL_NO_SURFACE, egl.EGL.EGL_NO_SURFACE, egl.EGL.EGL_NO_CONTEXT)
+
+
+_LIVE_RENDERERS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_AT_EXIT: list[bool] = []
+
+
+def track_renderer(renderer: Any) -> None:
+    """Remembers a live ``mujoco.Renderer``, to free it at exit. The exit hook is registered after
+    the first EGL context exists, i.e. after mujoco registered its own ``eglTerminate``, so it runs
+    first (atexit is last-in, first-out): freeing from ``__del__`` after termination fails noisily.
+    Shared by every suite that renders with its own renderers."""
+    _LIVE_RENDERERS.add(renderer)
+    if not _AT_EXIT:
+        atexit.register(_close_renderers)
+        _AT_EXIT.append(True)
+
+
+def _close_renderers() -> None:
+    for renderer in list(_LIVE_RENDERERS):
+        renderer.close()
 

@@ -31,10 +31,8 @@ Decisions, and why:
 
 from __future__ import annotations
 
-import atexit
 import os
 import warnings
-import weakref
 from functools import lru_cache
 from typing import Any
 
@@ -48,7 +46,7 @@ from metaworld.env_dict import ALL_V3_ENVIRONMENTS, MT10_V3, MT50_V3
 
 from rlweave.envs.manipulation import (
     INSTRUCTION_LENGTH, decode_instructions, encode_instruction, fast_offscreen, fast_scene, instruction_space,
-    release_gl_context,
+    release_gl_context, track_renderer,
 )
 from rlweave.envs.snapshot import restore_env, snapshot_env
 
@@ -206,7 +204,7 @@ class MetaWorldEnv(gym.Env):
         model, data = self._core.model, self._core.data
         fast_offscreen(model, w, h)  # before the renderer: it sizes its framebuffer from these
         self._renderer = mujoco.Renderer(model, height=h, width=w)
-        _track(self._renderer)
+        track_renderer(self._renderer)
         fast_scene(self._renderer.scene)
         mujoco.mj_forward(model, data)
         release_gl_context()  # the renderer's construction left its context current in this thread
@@ -323,23 +321,6 @@ def make_env(
                         split=split, obs=obs, terminate_on_success=terminate_on_success, reward=reward)
 
 
-_LIVE_RENDERERS: "weakref.WeakSet[mujoco.Renderer]" = weakref.WeakSet()
-_AT_EXIT: list[bool] = []
-
-
-def _track(renderer: mujoco.Renderer) -> None:
-    """Remembers a live renderer, to free it at exit. The exit hook is registered after the first
-    EGL context exists, i.e. after mujoco registered its own ``eglTerminate``, so it runs first
-    (atexit is last-in, first-out): freeing from ``__del__`` after termination fails noisily."""
-    _LIVE_RENDERERS.add(renderer)
-    if not _AT_EXIT:
-        atexit.register(_close_renderers)
-        _AT_EXIT.append(True)
-
-
-def _close_renderers() -> None:
-    for renderer in list(_LIVE_RENDERERS):
-        renderer.close()
 
 
 # --------------------------------------------------------------------------- scripted experts
