@@ -6,7 +6,7 @@ One env's observation is a flat ``gymnasium.spaces.Dict``:
   row 0). Further cameras are ``"image_<camera name>"``, same layout. Absent without pixels.
 * ``"state"``: ``Box(float32)``, proprioception only (e.g. end-effector xyz + gripper opening):
   what a real robot knows about itself. Object and goal positions are not in it.
-* ``"instruction"``: ``Box(0, 255, (64,), uint8)``, the task's language instruction as UTF-8 bytes,
+* ``"instruction"``: ``Box(0, 255, (L,), uint8)`` (L = 64 for MetaWorld, 128 for LIBERO: the suite's), the task's language instruction as UTF-8 bytes,
   zero-padded (:func:`encode_instruction`). Text travels as an array, so channels, replay buffers,
   ``tree_stack`` and checkpoints carry it like any other leaf; models decode or tokenize it.
 * ``"privileged"`` (optional): ``Box(float32)``, the simulator's full state, for scripted experts
