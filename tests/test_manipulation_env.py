@@ -252,3 +252,25 @@ def test_missing_metaworld_names_the_extra(monkeypatch):
     assert SUITES["metaworld"][1] == "metaworld"
     with pytest.raises(EnvError, match=r"pip install 'rlweave\[metaworld\]'"):
         VectorEnv("metaworld/reach-v3", 1, seed=0)
+
+
+def test_a_chunk_renders_once_unless_the_episode_ends():
+    """Inside an action chunk only the last observation is read: the suite renders that one (and
+    the final one of an episode that ends mid-chunk), not every step."""
+    from rlweave.envs import VectorEnv
+    import rlweave.envs.metaworld_suite as mw
+
+    renders = []
+    real = mw.MetaWorldEnv._render_all
+    env = VectorEnv("metaworld/reach-v3", 1, seed=0, chunk=4, pixels={"enabled": True, "width": 16, "height": 16},
+                    max_episode_steps=6)
+    try:
+        env.reset()
+        mw.MetaWorldEnv._render_all = lambda self: renders.append(1) or real(self)
+        first = env.step(np.zeros((1, 4, 4), dtype=np.float32))
+        assert len(renders) == 1 and not first.truncated[0]
+        second = env.step(np.zeros((1, 4, 4), dtype=np.float32))  # ends at step 6, mid-chunk: its final frame + the reset's
+        assert second.truncated[0] and len(renders) == 3
+    finally:
+        mw.MetaWorldEnv._render_all = real
+        env.close()

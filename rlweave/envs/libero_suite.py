@@ -83,7 +83,7 @@ import numpy as np  # noqa: E402
 from robosuite.utils.transform_utils import quat2axisangle  # noqa: E402
 
 from rlweave.envs.manipulation import (  # noqa: E402
-    encode_instruction, fast_offscreen, fast_scene, instruction_space, release_gl_context, track_renderer,
+    FrameSkipping, encode_instruction, fast_offscreen, fast_scene, instruction_space, release_gl_context, track_renderer,
 )
 
 __all__ = ["make_env", "LiberoEnv", "parse_tasks", "split_indices", "task_info", "INSTRUCTION_BYTES", "SUITES"]
@@ -159,7 +159,7 @@ def split_indices(n: int, split: str) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- the env
-class LiberoEnv(gym.Env):
+class LiberoEnv(FrameSkipping, gym.Env):
     """One LIBERO task as a manipulation-contract env: 7-D delta end-effector actions in [-1, 1]
     (position, axis-angle rotation, gripper: -1 open, +1 close) at 20 Hz."""
 
@@ -273,9 +273,9 @@ class LiberoEnv(gym.Env):
         terminated = success and self.terminate_on_success
         truncated = self._steps >= self.max_episode_steps and not terminated
         info = {"success": success, "task_name": self.task_name}
-        return self._observe(), float(success), terminated, truncated, info
+        return self._observe(fresh=terminated or truncated), float(success), terminated, truncated, info
 
-    def _observe(self) -> dict[str, np.ndarray]:
+    def _observe(self, fresh: bool = True) -> dict[str, np.ndarray]:
         """Images and state of the simulator as it is now. After ``mj_step`` the positions in
         MuJoCo's data are those before the step's integration; they are recomputed first, so
         images, ``state`` and ``privileged`` agree (robosuite's own observables would add state
@@ -284,15 +284,18 @@ class LiberoEnv(gym.Env):
         mujoco.mj_kinematics(m, d)
         mujoco.mj_comPos(m, d)
         mujoco.mj_camlight(m, d)
-        out: dict[str, np.ndarray] = {key: self._render(cam, turn) for key, cam, turn in self._cameras}
-        if self._cameras:
-            release_gl_context()  # the next frame may come from another thread of this process
+        out: dict[str, np.ndarray] = self.frames(self._render_all, fresh) if self._cameras else {}
         w, x, y, z = d.xquat[self._eef_body]
         axis_angle = quat2axisangle(np.array([x, y, z, w]))  # robosuite's eef quaternion is xyzw
         state = np.concatenate([d.site_xpos[self._eef_site], axis_angle, d.qpos[self._fingers]])
         out["state"] = state.astype(np.float32)
         out["instruction"] = self._instruction.copy()
         out["privileged"] = self._core.get_sim_state().astype(np.float32)
+        return out
+
+    def _render_all(self) -> dict[str, np.ndarray]:
+        out = {key: self._render(cam, turn) for key, cam, turn in self._cameras}
+        release_gl_context()  # the next frame may come from another thread of this process
         return out
 
     def _render(self, camera: str, turn: bool) -> np.ndarray:

@@ -46,7 +46,7 @@ from metaworld.env_dict import ALL_V3_ENVIRONMENTS, MT10_V3, MT50_V3
 
 from rlweave.envs.manipulation import (
     INSTRUCTION_LENGTH, decode_instructions, encode_instruction, fast_offscreen, fast_scene, instruction_space,
-    release_gl_context, track_renderer,
+    FrameSkipping, release_gl_context, track_renderer,
 )
 from rlweave.envs.snapshot import restore_env, snapshot_env
 
@@ -132,7 +132,7 @@ def parse_tasks(spec: str) -> list[str]:
     return tasks
 
 
-class MetaWorldEnv(gym.Env):
+class MetaWorldEnv(FrameSkipping, gym.Env):
     """One MetaWorld task as a manipulation-contract env (or MetaWorld's flat 39-D state with
     ``obs="flat"``, for state-based policies)."""
 
@@ -230,18 +230,21 @@ class MetaWorldEnv(gym.Env):
         info = dict(info, success=success, task_name=self.task_name)
         terminated = success and self.terminate_on_success
         truncated = bool(truncated or self._core.curr_path_length >= self.max_episode_steps)
-        return self._observe(raw), float(reward), terminated, truncated and not terminated, info
+        return self._observe(raw, fresh=terminated or truncated), float(reward), terminated, truncated and not terminated, info
 
-    def _observe(self, raw: np.ndarray) -> Any:
+    def _observe(self, raw: np.ndarray, fresh: bool = True) -> Any:
         raw = np.asarray(raw, dtype=np.float32)
         if self._flat:
             return raw
-        out: dict[str, np.ndarray] = {key: self._render(cam, turn) for key, cam, turn in self._cameras}
-        if self._cameras:
-            release_gl_context()  # the next frame may come from another thread of this process
+        out: dict[str, np.ndarray] = self.frames(self._render_all, fresh) if self._cameras else {}
         out["state"] = raw[:4].copy()  # end-effector xyz, gripper opening
         out["instruction"] = self._instruction.copy()
         out["privileged"] = raw
+        return out
+
+    def _render_all(self) -> dict[str, np.ndarray]:
+        out = {key: self._render(cam, turn) for key, cam, turn in self._cameras}
+        release_gl_context()  # the next frame may come from another thread of this process
         return out
 
     def _render(self, camera: str, turn: bool) -> np.ndarray:

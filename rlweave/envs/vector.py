@@ -198,6 +198,8 @@ class VectorEnv:
         self.envs = [
             make(**make_kwargs, slot=rank * num_envs + i) if takes_slot else make(**make_kwargs) for i in range(num_envs)
         ]
+        # suites that can skip rendering inside a chunk (manipulation.FrameSkipping): rendered once a decision
+        self._skips = [env.unwrapped if chunk > 1 and hasattr(env.unwrapped, "observe_images") else None for env in self.envs]
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
         self._box = isinstance(self.single_action_space, gym.spaces.Box)
@@ -258,7 +260,10 @@ class VectorEnv:
         for i, env in enumerate(self.envs[lo:hi]):
             if active is not None and not active[i]:
                 continue
+            skips = self._skips[lo + i]
             for c in range(self.chunk):
+                if skips is not None:  # only the chunk's last observation is read: render that one
+                    skips.observe_images = c == self.chunk - 1
                 try:
                     o, r, te, tr, info = env.step(actions[i, c])
                 except Exception as e:  # noqa: BLE001 - re-raised with where it happened

@@ -157,7 +157,7 @@ class OnPolicyRunner(RunnerBase):
                 env_cfg = OmegaConf.to_container(cfg.env)
                 env_cfg["num_envs"] = self.total_envs // flow.num_env
                 new_env = WorkerGroup(
-                    EnvWorker, flow.placements()["env"], self.cluster,
+                    EnvWorker, self._placement(flow, "env"), self.cluster,
                     args=(env_cfg, cfg.seed + 1_000_003 * self.generation, cfg.algorithm.gamma, None, self.traj_spec, n_act),
                 )
             self._start_rollout(flow, new_env)
@@ -182,7 +182,7 @@ class OnPolicyRunner(RunnerBase):
         """Starts the rollout group of ``flow`` (inside ``env``'s processes when fused), makes
         ``flow`` current, and points every env worker at its rollout worker and pipeline depth."""
         rollout = WorkerGroup(
-            RolloutWorker, flow.placements()["rollout"], self.cluster,
+            RolloutWorker, self._placement(flow, "rollout"), self.cluster,
             args=(self.pkw, self.obs_space, self.act_space, self.cfg.env.chunk),
             colocate_with=env if flow.fused else None,
         )
@@ -190,6 +190,13 @@ class OnPolicyRunner(RunnerBase):
         self.groups = [self.actor, env, rollout]
         env.configure_rollout(rollout)
         env.configure(micro_batches=flow.micro_batches, num_actor_workers=self.actor.world_size, record_events=self.recording)
+
+    def _placement(self, flow: FlowPlan, group: str) -> GroupPlacement:
+        """``group``'s slots under ``flow``, with the torch threads its ``placement.groups`` entry
+        asks for (a flow plan carries slots only; without this the configured threads were lost)."""
+        placed = flow.placements()[group]
+        threads = self.plan.groups[group].threads if group in self.plan.groups else None
+        return placed if threads is None else GroupPlacement(group, list(placed.slots), threads)
 
     def _load_rollout_weights(self) -> None:
         packet = getattr(self, "_last_packet", None)
