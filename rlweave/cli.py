@@ -108,15 +108,17 @@ def _execute(runner) -> int:
 def cmd_eval(args) -> int:
     from omegaconf import OmegaConf
 
+    from rlweave.config import ConfigError
     from rlweave.models.run_policy import RunPolicyError, load_run_policy, read_run_config
-    from rlweave.runners.checks import check_compatible
     from rlweave.runners.evaluate import evaluate_policy
 
-    try:
-        obs_space, act_space = check_compatible(read_run_config(args.run_dir))
+    try:  # the run's env and policy only: its training data (demonstrations, init.checkpoint) need not be here
+        obs_space, act_space = _spaces(read_run_config(args.run_dir))
         run = load_run_policy(args.run_dir, observation_space=obs_space, action_space=act_space)
     except RunPolicyError as e:
         return _fail(str(e))
+    except ConfigError as e:
+        return _fail(f"{Path(args.run_dir) / 'config.yaml'}: {e}")
     cfg = run.cfg
     videos = args.video or 0
     if videos < 0:
@@ -145,7 +147,6 @@ def cmd_collect(args) -> int:
     from rlweave.envs import env_maker
     from rlweave.models.inputs import float_observations, policy_input
     from rlweave.models.run_policy import RunPolicyError, load_run_policy, read_run_config
-    from rlweave.runners.checks import check_compatible
     from rlweave.utils.tree import tree_index, tree_stack
 
     source_path = Path(args.source)
@@ -156,7 +157,7 @@ def cmd_collect(args) -> int:
         return _fail(f"{args.source}: not a run folder; collecting on a recipe's env needs --expert or --policy random")
     try:
         cfg = read_run_config(source_path) if is_run else load_config(args.source, args.overrides)
-        obs_space, act_space = check_compatible(cfg) if is_run else _spaces(cfg)
+        obs_space, act_space = _spaces(cfg)
     except RunPolicyError as e:
         return _fail(str(e))
     except ConfigError as e:
