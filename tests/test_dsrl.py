@@ -80,6 +80,32 @@ def test_a_chunk_stops_at_the_episode_end_and_sums_the_executed_rewards():
     assert inner._elapsed_steps == 6  # TimeLimit's count: no action of the finished episode was executed
 
 
+class _Rendering(gym.Env):
+    """Records whether each step was asked for fresh images (manipulation.FrameSkipping's flag)."""
+
+    observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+    action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    observe_images = True
+
+    def __init__(self):
+        self.asked: list[bool] = []
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.asked.append(self.observe_images)
+        return np.full(3, len(self.asked) / 10, np.float32), 0.0, False, False, {}
+
+
+def test_only_the_last_frame_of_a_chunk_is_rendered():
+    inner = _Rendering()
+    env = NoiseSpaceEnv(inner, _flow(inner))
+    env.reset(seed=0)
+    env.step(np.zeros(CHUNK * 2, np.float32))
+    assert inner.asked == [False, False, False, True] and inner.observe_images
+
+
 def test_a_snapshot_restores_the_observation_the_next_chunk_decodes_at():
     inner = _pendulum()
     env = NoiseSpaceEnv(inner, _flow(inner))

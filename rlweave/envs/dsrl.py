@@ -141,12 +141,21 @@ class NoiseSpaceEnv(gym.Wrapper):
         chunk = np.clip(self.decode(self._current(), w), self._low, self._high)
         total, terminated, truncated, info, obs = 0.0, False, False, {}, None
         steps = 0
-        for a in chunk:
-            obs, r, terminated, truncated, info = self.env.step(a)
-            total += float(r)
-            steps += 1
-            if terminated or truncated:
-                break
+        # rendering suites (manipulation.FrameSkipping) need not render the frames inside the chunk:
+        # only its last observation is read (a step that ends the episode renders anyway)
+        skips = self.env.unwrapped if hasattr(self.env.unwrapped, "observe_images") else None
+        try:
+            for c, a in enumerate(chunk):
+                if skips is not None:
+                    skips.observe_images = c == len(chunk) - 1
+                obs, r, terminated, truncated, info = self.env.step(a)
+                total += float(r)
+                steps += 1
+                if terminated or truncated:
+                    break
+        finally:
+            if skips is not None:
+                skips.observe_images = True
         self._remember(obs)
         return obs, total, bool(terminated), bool(truncated), {**info, "chunk_steps": steps}
 
