@@ -203,3 +203,16 @@ def test_a_missing_base_policy_is_one_line(tmp_path, capsys):
     rc, _ = train("dsrl-push", f"env.kwargs.base_policy={tmp_path / 'nothing'}", f"run.dir={tmp_path / 'rl'}", *QUIET)
     err = capsys.readouterr().err
     assert rc == 2 and "env.kwargs.base_policy" in err and "not a run folder" in err and err.count("\n") == 1, err
+
+
+
+def test_the_bc_run_normalises_by_its_demonstrations(base_run):
+    """policy.normalize_obs under runner policy_sft: the statistics come from the demonstrations
+    (unfitted, every input passes unnormalised and the state-based flow policy does not learn push)."""
+    from rlweave.data.demos import load_demonstrations
+    from rlweave.models.run_policy import load_run_policy
+
+    policy = load_run_policy(base_run).policy
+    demos = load_demonstrations(base_run.parent / "demos")
+    assert policy.obs_rms is not None
+    assert torch.allclose(policy.obs_rms.mean.float(), torch.as_tensor(demos.obs.mean(0)), atol=1e-3)

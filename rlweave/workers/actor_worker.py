@@ -288,6 +288,10 @@ class ActorWorker(Worker):
         """Reads the demonstrations every rank samples its minibatches from (each rank its own
         rows, by its own RNG); returns their size."""
         self.demos = load_demonstrations(path, self.policy.chunk, observation_space, action_space)
+        if self.policy.obs_rms is not None and not is_dict(self.demos.obs):
+            # a normalising policy (policy.normalize_obs) sees its inputs through the demonstrations'
+            # statistics, fitted once here; a resume then restores the checkpoint's (the same ones)
+            self.policy.update_obs_stats(torch.as_tensor(self.demos.obs, dtype=torch.float64))
         return {"steps": len(self.demos), "episodes": self.demos.episodes, "success_rate": self.demos.success_rate}
 
     @group_method("all", collect="first")
