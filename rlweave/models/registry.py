@@ -16,6 +16,7 @@ import numpy as np
 from rlweave.utils.plugins import import_plugins
 
 from .flow_policy import FlowPolicy
+from .flow_sac import FlowSACPolicy
 from .offpolicy import SquashedGaussianPolicy
 from .policies import CNNPolicy, MLPPolicy, Policy
 
@@ -69,6 +70,23 @@ def _build_flow_mlp(observation_space, action_space, log_std_init: float | None 
     return FlowPolicy(int(observation_space.shape[0]), action_space, **kwargs)
 
 
+def _build_flow_sac(observation_space, action_space, critic: bool = False, normalize_obs: bool = False,
+                    log_std_init: float | None = None, ortho_init: bool | None = None,
+                    state_dependent_std: bool | None = None, **kwargs) -> FlowSACPolicy:
+    # log_std_init / ortho_init / state_dependent_std: settings every policy.* config carries; the
+    # flow actor's stds are always state-dependent (policy.kwargs.log_std_bounds bounds them)
+    if not (isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 1):
+        raise SpaceMismatchError(f"needs a 1-D Box observation space, got {observation_space}")
+    if not (isinstance(action_space, gym.spaces.Box) and np.all(np.isfinite(action_space.low))
+            and np.all(np.isfinite(action_space.high))):
+        raise SpaceMismatchError(f"needs a bounded Box action space, got {action_space}")
+    if critic:
+        raise SpaceMismatchError("has no value head (its critics live with the off-policy learner), got critic=True")
+    if normalize_obs:
+        raise SpaceMismatchError("has no observation normaliser (replayed data would drift under it), got normalize_obs=True")
+    return FlowSACPolicy(int(observation_space.shape[0]), action_space, **kwargs)
+
+
 def _build_vla(observation_space, action_space, **kwargs):
     """Vision-language-action policy (``rlweave.models.vla``: imported on first use, so rlweave
     itself never needs transformers)."""
@@ -77,7 +95,7 @@ def _build_vla(observation_space, action_space, **kwargs):
 
 
 POLICIES: dict[str, Callable[..., Policy]] = {"mlp": _build_mlp, "cnn": _build_cnn, "squashed_mlp": _build_squashed_mlp,
-                                              "flow_mlp": _build_flow_mlp,
+                                              "flow_mlp": _build_flow_mlp, "flow_sac": _build_flow_sac,
                                               "vla": _build_vla}
 
 

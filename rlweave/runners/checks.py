@@ -169,6 +169,11 @@ def check_update_threads(cfg: DictConfig, spec: AlgorithmSpec) -> None:
                           f"update at the same time; {spec.name}'s update has no such parts ({splits} have)")
 
 
+# the actors of the off-policy learner (sample / sample_noise with tanh-squashed actions): the
+# Gaussian one and the flow one (SAC Flow)
+_SQUASHED_ACTORS = ("squashed_mlp", "flow_sac")
+
+
 def _check_off_policy(cfg: DictConfig) -> None:
     """Rules of the asynchronous off-policy runner that the schema cannot state."""
     t = cfg.train
@@ -183,9 +188,13 @@ def _check_off_policy(cfg: DictConfig) -> None:
             f"train.max_staleness: {t.max_staleness} can never be met with train.sync_every={t.sync_every}: "
             f"the learner trains while env workers collect, so transitions reach it up to {t.sync_every} versions old"
         )
-    if cfg.policy.name != "squashed_mlp":
+    if cfg.policy.name not in _SQUASHED_ACTORS:
         raise ConfigError(
-            f"policy.name: {cfg.algorithm.name} learns a tanh-squashed Gaussian actor; set policy.name=squashed_mlp (got '{cfg.policy.name}')"
+            f"policy.name: {cfg.algorithm.name} learns a tanh-squashed Gaussian actor or flow actor; set policy.name=squashed_mlp "
+            f"or flow_sac (got '{cfg.policy.name}')"
         )
+    if cfg.policy.name == "flow_sac" and cfg.algorithm.name == "iql":
+        raise ConfigError("policy.name: iql extracts its policy by the density of dataset actions, which flow_sac has no "
+                          "closed form for; set policy.name=squashed_mlp")
     if len(cfg.algorithm.adam_betas) != 2:
         raise ConfigError(f"algorithm.adam_betas: needs two values, got {list(cfg.algorithm.adam_betas)}")

@@ -227,6 +227,7 @@ class OffPolicyActorWorker(Worker):
                 out.update(helper.result())  # its gradients are written: the optimisers may step
             else:
                 out = self._backward(partial(self.loss_fn, update_actor=update_actor), batch)
+            self._grad_norms(out, update_actor)
             if "critic" in self.optimizers:
                 self.optimizers["critic"].step()
             if update_actor:
@@ -236,11 +237,22 @@ class OffPolicyActorWorker(Worker):
             self.updates += 1
             logs.append(out)
         metrics = {}
-        for k in logs[0]:
-            vals = [log[k] for log in logs if k in log]
-            metrics[f"train/{k}"] = float(torch.stack(vals).mean())
+        for k in dict.fromkeys(k for log in logs for k in log):  # actor terms may be absent from some (policy_delay)
+            vals = torch.stack([log[k] for log in logs if k in log])
+            metrics[f"train/{k}"] = float(vals.mean())
+            if k.endswith("grad_norm"):  # a blow-up shows in the largest update, not the mean
+                metrics[f"train/{k}_max"] = float(vals.max())
         metrics["train/updates"] = self.updates
         return metrics
+
+    def _grad_norms(self, out: dict, update_actor: bool) -> None:
+        """The 2-norms of the actor's gradient (on actor updates) and of the critics', before the
+        optimiser steps: ``actor_grad_norm`` and ``critic_grad_norm`` (flow actors backpropagate
+        through K sampling steps, where gradients may blow up). One multi-tensor norm each."""
+        for key, module, on in (("actor_grad_norm", self.policy, update_actor), ("critic_grad_norm", self.critic, True)):
+            grads = [p.grad for p in module.parameters() if p.grad is not None] if module is not None and on else []
+            if grads:
+                out[key] = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
 
     def _backward(self, loss_fn, batch: dict) -> dict:
         """:func:`~rlweave.workers.update_helper.run_part` with this learner's modules and precision."""
