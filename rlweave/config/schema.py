@@ -131,7 +131,7 @@ class ActorConfig:
 
 @dataclass
 class PolicyConfig:
-    # a name in the policy registry (built in: mlp, cnn, squashed_mlp; register_policy adds one),
+    # a name in the policy registry (built in: mlp, cnn, squashed_mlp, flow_mlp, flow_sac, vla; register_policy adds one),
     # checked against it when the config is loaded
     name: str = "mlp"
     hidden: List[int] = field(default_factory=lambda: [64, 64])
