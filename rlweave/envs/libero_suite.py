@@ -83,7 +83,7 @@ import numpy as np  # noqa: E402
 from robosuite.utils.transform_utils import quat2axisangle  # noqa: E402
 
 from rlweave.envs.manipulation import (  # noqa: E402
-    FrameSkipping, encode_instruction, fast_offscreen, fast_scene, instruction_space, release_gl_context, track_renderer,
+    FrameSkipping, encode_instruction, instruction_space, camera_up_is_down, offscreen_renderer, release_gl_context,
 )
 
 __all__ = ["make_env", "LiberoEnv", "parse_tasks", "split_indices", "task_info", "INSTRUCTION_BYTES", "SUITES"]
@@ -229,18 +229,12 @@ class LiberoEnv(FrameSkipping, gym.Env):
         if unknown or len(set(cameras)) < len(cameras):
             raise ValueError(f"env.pixels.cameras: unknown or repeated LIBERO camera(s) {unknown or cameras}; "
                              f"known: {names} ('wrist' = {WRIST_CAMERA})")
-        fast_offscreen(model, w, h)  # before the renderer: it sizes its framebuffer from these
-        self._renderer = mujoco.Renderer(model, height=h, width=w)
-        track_renderer(self._renderer)
-        fast_scene(self._renderer.scene)
-        mujoco.mj_forward(model, data)
-        release_gl_context()  # the renderer's construction left its context current in this thread
+        self._renderer = offscreen_renderer(model, data, w, h)
         for j, cam in enumerate(cameras):
-            cid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, cam)
-            up_z = float(data.cam_xmat[cid].reshape(3, 3)[2, 1])  # world z of the image's up axis
+            cid, upside_down = camera_up_is_down(model, data, cam)
             world_mounted = int(model.cam_bodyid[cid]) == 0
             key = "image" if j == 0 else ("image_wrist" if cam == WRIST_CAMERA else f"image_{cam}")
-            self._cameras.append((key, cam, world_mounted and up_z < 0.0))
+            self._cameras.append((key, cam, world_mounted and upside_down))
             spaces[key] = gym.spaces.Box(0, 255, (h, w, 3), dtype=np.uint8)
 
     # -- gymnasium API -----------------------------------------------------------------------

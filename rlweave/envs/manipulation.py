@@ -140,3 +140,28 @@ class FrameSkipping:
             self._frames = render()
         return dict(self._frames)
 
+
+def offscreen_renderer(model: Any, data: Any, width: int, height: int) -> Any:
+    """A ``mujoco.Renderer`` of ``width`` x ``height`` with the fast settings applied before it
+    exists (no multisampling, a framebuffer of the image's size, no shadows or reflections),
+    freed at exit, its context released for other threads; ``data`` is forwarded once so camera
+    frames are valid for :func:`camera_up_is_down`."""
+    import mujoco
+
+    fast_offscreen(model, width, height)  # before the renderer: it sizes its framebuffer from these
+    renderer = mujoco.Renderer(model, height=height, width=width)
+    track_renderer(renderer)
+    fast_scene(renderer.scene)
+    mujoco.mj_forward(model, data)
+    release_gl_context()  # the renderer's construction left its context current in this thread
+    return renderer
+
+
+def camera_up_is_down(model: Any, data: Any, camera: str) -> tuple[int, bool]:
+    """The camera's id and whether its image-up axis points down in the world (a camera mounted
+    upside down, such as MetaWorld's corners or LIBERO's agentview: its images are turned 180°)."""
+    import mujoco
+
+    cid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
+    return cid, float(data.cam_xmat[cid].reshape(3, 3)[2, 1]) < 0.0  # world z of the image's up axis
+

@@ -45,8 +45,8 @@ import numpy as np
 from metaworld.env_dict import ALL_V3_ENVIRONMENTS, MT10_V3, MT50_V3
 
 from rlweave.envs.manipulation import (
-    INSTRUCTION_LENGTH, decode_instructions, encode_instruction, fast_offscreen, fast_scene, instruction_space,
-    FrameSkipping, release_gl_context, track_renderer,
+    INSTRUCTION_LENGTH, decode_instructions, encode_instruction, instruction_space,
+    FrameSkipping, camera_up_is_down, offscreen_renderer, release_gl_context,
 )
 from rlweave.envs.snapshot import restore_env, snapshot_env
 
@@ -202,17 +202,11 @@ class MetaWorldEnv(FrameSkipping, gym.Env):
         if int(pixels.get("frame_stack", 1)) > 1:
             raise ValueError("env.pixels.frame_stack: not supported by the metaworld suite (state carries the motion)")
         model, data = self._core.model, self._core.data
-        fast_offscreen(model, w, h)  # before the renderer: it sizes its framebuffer from these
-        self._renderer = mujoco.Renderer(model, height=h, width=w)
-        track_renderer(self._renderer)
-        fast_scene(self._renderer.scene)
-        mujoco.mj_forward(model, data)
-        release_gl_context()  # the renderer's construction left its context current in this thread
+        self._renderer = offscreen_renderer(model, data, w, h)
         for j, cam in enumerate(cameras):
-            cid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, cam)
-            up_z = float(data.cam_xmat[cid].reshape(3, 3)[2, 1])  # world z of the image's up axis
+            _, upside_down = camera_up_is_down(model, data, cam)
             key = "image" if j == 0 else f"image_{cam}"
-            self._cameras.append((key, cam, up_z < 0.0))
+            self._cameras.append((key, cam, upside_down))
             spaces[key] = gym.spaces.Box(0, 255, (h, w, 3), dtype=np.uint8)
 
     # -- gymnasium API -----------------------------------------------------------------------
