@@ -83,7 +83,7 @@ import numpy as np  # noqa: E402
 from robosuite.utils.transform_utils import quat2axisangle  # noqa: E402
 
 from rlweave.envs.manipulation import (  # noqa: E402
-    FrameSkipping, encode_instruction, instruction_space, camera_up_is_down, offscreen_renderer, release_gl_context,
+    FrameSkipping, encode_instruction, instruction_space, camera_up_is_down, offscreen_renderer, render_cameras,
 )
 
 __all__ = ["make_env", "LiberoEnv", "parse_tasks", "split_indices", "task_info", "INSTRUCTION_BYTES", "SUITES"]
@@ -288,15 +288,7 @@ class LiberoEnv(FrameSkipping, gym.Env):
         return out
 
     def _render_all(self) -> dict[str, np.ndarray]:
-        out = {key: self._render(cam, turn) for key, cam, turn in self._cameras}
-        release_gl_context()  # the next frame may come from another thread of this process
-        return out
-
-    def _render(self, camera: str, turn: bool) -> np.ndarray:
-        r = self._renderer
-        r.update_scene(self._data, camera=camera, scene_option=self._scene_option)
-        img = r.render()
-        return np.ascontiguousarray(img[::-1, ::-1]) if turn else img
+        return render_cameras(self._renderer, self._data, self._cameras, self._scene_option)
 
     def close(self) -> None:
         """Frees this env's renderer only (its own EGL context), then robosuite's simulation."""

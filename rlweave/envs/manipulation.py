@@ -165,3 +165,18 @@ def camera_up_is_down(model: Any, data: Any, camera: str) -> tuple[int, bool]:
     cid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
     return cid, float(data.cam_xmat[cid].reshape(3, 3)[2, 1]) < 0.0  # world z of the image's up axis
 
+
+def render_cameras(renderer: Any, data: Any, cameras: list[tuple[str, str, bool]], scene_option: Any = None) -> dict:
+    """One image per ``(observation key, camera, turn 180°)``, upright, then the GL context released
+    (the next frame may come from another thread of this process)."""
+    out = {}
+    for key, camera, turn in cameras:
+        if scene_option is None:
+            renderer.update_scene(data, camera=camera)
+        else:
+            renderer.update_scene(data, camera=camera, scene_option=scene_option)
+        img = renderer.render()
+        out[key] = np.ascontiguousarray(img[::-1, ::-1]) if turn else img
+    release_gl_context()
+    return out
+

@@ -46,7 +46,7 @@ from metaworld.env_dict import ALL_V3_ENVIRONMENTS, MT10_V3, MT50_V3
 
 from rlweave.envs.manipulation import (
     INSTRUCTION_LENGTH, decode_instructions, encode_instruction, instruction_space,
-    FrameSkipping, camera_up_is_down, offscreen_renderer, release_gl_context,
+    FrameSkipping, camera_up_is_down, offscreen_renderer, render_cameras,
 )
 from rlweave.envs.snapshot import restore_env, snapshot_env
 
@@ -237,15 +237,7 @@ class MetaWorldEnv(FrameSkipping, gym.Env):
         return out
 
     def _render_all(self) -> dict[str, np.ndarray]:
-        out = {key: self._render(cam, turn) for key, cam, turn in self._cameras}
-        release_gl_context()  # the next frame may come from another thread of this process
-        return out
-
-    def _render(self, camera: str, turn: bool) -> np.ndarray:
-        r = self._renderer
-        r.update_scene(self._core.data, camera=camera)
-        img = r.render()
-        return np.ascontiguousarray(img[::-1, ::-1]) if turn else img
+        return render_cameras(self._renderer, self._core.data, self._cameras)
 
     def close(self) -> None:
         """Frees this env's renderer only: its own EGL context, released before its GL objects,
