@@ -52,6 +52,7 @@ from rlweave.algorithms.registry import (
     register_algorithm,
     register_policy_loss,
 )
+from rlweave.algorithms import recap as _recap  # noqa: F401,E402 - registers the recap loss and algorithm
 
 __all__ = [
     "gae",

@@ -176,13 +176,16 @@ class PolicySFTLossInput:
     """One supervised step of an embodied policy: ``obs`` (a tensor or a dict of tensors, [B, ...]),
     the demonstrated ``actions`` [B, chunk, *action_shape] (a chunk's steps past its episode's end
     repeat the last action), per-sample ``weights`` [B] or None; ``policy`` is the module trained,
-    whose ``bc_loss(obs, actions)`` is its own imitation loss; ``cfg``: the ``algorithm`` section."""
+    whose ``bc_loss(obs, actions)`` is its own imitation loss; ``cfg``: the ``algorithm`` section.
+    ``extras``: per-row columns a loss's ``prepare_demonstrations`` added to the demonstrations
+    (RECAP's advantage ``indicator`` [B]), sampled with the rows; empty for plain SFT."""
 
     policy: Any
     obs: Any
     actions: Tensor
     weights: Tensor | None
     cfg: Mapping[str, Any]
+    extras: Mapping[str, Tensor] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- the typed tables

@@ -131,7 +131,7 @@ class ActorConfig:
 
 @dataclass
 class PolicyConfig:
-    # a name in the policy registry (built in: mlp, cnn, squashed_mlp, flow_mlp, flow_sac, vla; register_policy adds one),
+    # a name in the policy registry (built in: mlp, cnn, squashed_mlp, flow_mlp, flow_sac, recap_flow_mlp, vla; register_policy adds one),
     # checked against it when the config is loaded
     name: str = "mlp"
     hidden: List[int] = field(default_factory=lambda: [64, 64])
@@ -143,6 +143,20 @@ class PolicyConfig:
     # keywords of the named builder beyond the ones above (e.g. flow_mlp: steps, sampler, noise_level;
     # vla: head, image_size, ...), passed to it as they are; the builder refuses the ones it does not take
     kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RecapConfig:
+    """RECAP (algorithm.name=recap, runner policy_sft): how the advantage indicator is computed."""
+
+    # share of the dataset's rows labelled "good": the threshold is that quantile of the advantages
+    positive_fraction: float = field(default=0.3, metadata={"min": 0, "max": 1})
+    n_step: int = non_negative(0)  # advantage targets: 0 = Monte-Carlo returns; N = N rewards + V after N steps
+    indicator_dropout: float = field(default=0.0, metadata={"min": 0, "max": 1})  # rows trained without the indicator
+    value_hidden: List[int] = field(default_factory=lambda: [256, 256])
+    value_updates: int = positive(2000)
+    value_lr: float = field(default=1e-3, metadata={"min": 0})
+    value_folds: int = positive(5)  # cross-fitting by episode; 1 = one value fitted on every episode
 
 
 @dataclass
@@ -202,6 +216,7 @@ class AlgorithmConfig:
     expectile: float = field(default=0.7, metadata={"min": 0.5, "max": 1})
     temperature: float = non_negative(3.0)
     max_weight: float = field(default=100.0, metadata={"min": 1})
+    recap: RecapConfig = field(default_factory=RecapConfig)
 
 
 @dataclass

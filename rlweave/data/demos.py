@@ -13,7 +13,7 @@ instruction bytes); both are held as numpy, sampled by row and handed to the tra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +28,30 @@ __all__ = ["Demonstrations", "check_demonstration_spaces", "load_demonstrations"
 @dataclass
 class Demonstrations:
     """Every step of a dataset: ``obs`` [N, ...] (array or dict of arrays), ``actions`` [N, H, A]
-    (the H actions from each step on), ``episode`` [N] (which episode each row came from)."""
+    (the H actions from each step on), ``episode`` [N] (which episode each row came from),
+    ``rewards`` [N] (the reward of each row's step: RECAP's returns come from them) and
+    ``columns``: further per-row arrays a loss adds (RECAP's advantage indicator), sampled with
+    the rows."""
 
     obs: Any
     actions: np.ndarray
     episode: np.ndarray
     episodes: int
     success_rate: float | None
+    rewards: np.ndarray | None = None
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.actions)
 
     def sample(self, n: int, rng: np.random.Generator) -> dict:
-        """``n`` rows drawn uniformly with replacement: ``{"obs": ..., "actions": ...}``."""
+        """``n`` rows drawn uniformly with replacement: ``{"obs": ..., "actions": ...}``, plus
+        ``"columns"`` (those rows of each column) when there are columns."""
         idx = rng.integers(0, len(self), size=n)
-        return {"obs": tree_index(self.obs, idx), "actions": self.actions[idx]}
+        out = {"obs": tree_index(self.obs, idx), "actions": self.actions[idx]}
+        if self.columns:
+            out["columns"] = {k: v[idx] for k, v in self.columns.items()}
+        return out
 
 
 def load_demonstrations(path: str | Path, chunk: int = 1, observation_space=None, action_space=None) -> Demonstrations:
@@ -54,7 +63,7 @@ def load_demonstrations(path: str | Path, chunk: int = 1, observation_space=None
     if observation_space is not None and action_space is not None:
         check_demonstration_spaces(path, observation_space, action_space, ds)
     obs_parts: list = []
-    act_parts, ep_parts = [], []
+    act_parts, ep_parts, rew_parts = [], [], []
     successes: list[float] = []
     for i, ep in enumerate(ds.iterate_episodes()):
         n = len(ep.actions)
@@ -66,6 +75,7 @@ def load_demonstrations(path: str | Path, chunk: int = 1, observation_space=None
         idx = np.minimum(np.arange(n)[:, None] + np.arange(chunk)[None, :], n - 1)  # past the end: the last action
         act_parts.append(actions[idx])
         ep_parts.append(np.full(n, i, dtype=np.int64))
+        rew_parts.append(np.asarray(ep.rewards, dtype=np.float32).reshape(-1)[:n])
         infos = getattr(ep, "infos", None) or {}
         if "success" in infos:
             successes.append(float(np.any(np.asarray(infos["success"]))))
@@ -74,7 +84,8 @@ def load_demonstrations(path: str | Path, chunk: int = 1, observation_space=None
     obs = ({k: np.concatenate([p[k] for p in obs_parts]) for k in obs_parts[0]} if is_dict(obs_parts[0])
            else np.concatenate(obs_parts))
     return Demonstrations(obs=obs, actions=np.concatenate(act_parts), episode=np.concatenate(ep_parts),
-                          episodes=len(act_parts), success_rate=float(np.mean(successes)) if successes else None)
+                          episodes=len(act_parts), success_rate=float(np.mean(successes)) if successes else None,
+                          rewards=np.concatenate(rew_parts))
 
 
 def check_demonstration_spaces(path: str | Path, observation_space, action_space, ds=None) -> None:

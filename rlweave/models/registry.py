@@ -19,6 +19,7 @@ from .flow_policy import FlowPolicy
 from .flow_sac import FlowSACPolicy
 from .offpolicy import SquashedGaussianPolicy
 from .policies import CNNPolicy, MLPPolicy, Policy
+from .recap_policy import RecapFlowPolicy
 
 __all__ = ["POLICIES", "SpaceMismatchError", "register_policy", "build_policy"]
 
@@ -70,6 +71,16 @@ def _build_flow_mlp(observation_space, action_space, log_std_init: float | None 
     return FlowPolicy(int(observation_space.shape[0]), action_space, **kwargs)
 
 
+def _build_recap_flow_mlp(observation_space, action_space, log_std_init: float | None = None,
+                          state_dependent_std: bool | None = None, **kwargs) -> RecapFlowPolicy:
+    # flow_mlp with RECAP's advantage indicator as an input (rlweave.models.recap_policy)
+    if not (isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 1):
+        raise SpaceMismatchError(f"needs a 1-D Box observation space, got {observation_space}")
+    if not isinstance(action_space, gym.spaces.Box):
+        raise SpaceMismatchError(f"needs a Box action space, got {action_space}")
+    return RecapFlowPolicy(int(observation_space.shape[0]), action_space, **kwargs)
+
+
 def _build_flow_sac(observation_space, action_space, critic: bool = False, normalize_obs: bool = False,
                     log_std_init: float | None = None, ortho_init: bool | None = None,
                     state_dependent_std: bool | None = None, **kwargs) -> FlowSACPolicy:
@@ -96,7 +107,7 @@ def _build_vla(observation_space, action_space, **kwargs):
 
 POLICIES: dict[str, Callable[..., Policy]] = {"mlp": _build_mlp, "cnn": _build_cnn, "squashed_mlp": _build_squashed_mlp,
                                               "flow_mlp": _build_flow_mlp, "flow_sac": _build_flow_sac,
-                                              "vla": _build_vla}
+                                              "vla": _build_vla, "recap_flow_mlp": _build_recap_flow_mlp}
 
 
 def register_policy(name: str, builder: Callable[..., Policy] | None = None):

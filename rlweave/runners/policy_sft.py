@@ -62,6 +62,9 @@ class PolicySFTRunner(RunnerBase):
         d = self.demo_info
         rate = "" if d["success_rate"] is None else f", success in {d['success_rate']:.0%} of them"
         print(f"[rlweave] demonstrations {cfg.data.path}: {d['episodes']} episodes, {d['steps']} steps{rate}")
+        found = {k: v for k, v in d.items() if "/" in k}  # what the loss computed on them (RECAP: its labels)
+        if found:
+            print("[rlweave] " + ", ".join(f"{k} {v:.4g}" for k, v in found.items()))
         self.eval_policy = build_policy(observation_space=self.obs_space, action_space=self.act_space, chunk=cfg.env.chunk,
                                         **self.pkw)
 

@@ -59,6 +59,7 @@ class ActorWorker(Worker):
         self.estimator = algorithm_estimator(self.spec, runner) if runner == "onpolicy" else None
         self.loss_fn = algorithm_loss(self.spec, runner)
         self.demos: Demonstrations | None = None
+        self.seed = seed
         torch.manual_seed(seed)  # identical initial weights on every rank
         self.policy = build_policy(
             observation_space=observation_space,
@@ -292,7 +293,13 @@ class ActorWorker(Worker):
             # a normalising policy (policy.normalize_obs) sees its inputs through the demonstrations'
             # statistics, fitted once here; a resume then restores the checkpoint's (the same ones)
             self.policy.update_obs_stats(torch.as_tensor(self.demos.obs, dtype=torch.float64))
-        return {"steps": len(self.demos), "episodes": self.demos.episodes, "success_rate": self.demos.success_rate}
+        info = {"steps": len(self.demos), "episodes": self.demos.episodes, "success_rate": self.demos.success_rate}
+        # a loss that needs more per row than (obs, actions) computes it once here (RECAP: its
+        # value function and advantage indicator), from the same seed on every rank
+        prepare = getattr(self.loss_fn, "prepare_demonstrations", None)
+        if prepare is not None:
+            info.update(prepare(self.demos, self.cfg, self.seed))
+        return info
 
     @group_method("all", collect="first")
     def imitate(self, num_updates: int, progress: float = 0.0) -> dict:
@@ -320,7 +327,9 @@ class ActorWorker(Worker):
                 rows = slice(lo, min(mb, lo + step))
                 obs = self._obs(tree_index(sample["obs"], rows), self.device)
                 actions = torch.from_numpy(sample["actions"][rows]).to(self.device)
-                terms = self.loss_fn(PolicySFTLossInput(policy=self.policy, obs=obs, actions=actions, weights=None, cfg=cfg))
+                extras = {k: torch.from_numpy(v[rows]).to(self.device) for k, v in sample.get("columns", {}).items()}
+                terms = self.loss_fn(PolicySFTLossInput(policy=self.policy, obs=obs, actions=actions, weights=None, cfg=cfg,
+                                                        extras=extras))
                 w = (rows.stop - rows.start) / mb
                 (total_loss(terms) * w).backward()
                 part = torch.stack([v.detach().float() for v in terms.values()]) * w
