@@ -298,7 +298,7 @@ def test_registry_unknown_names_list_known_ones_on_one_line():
         get_algorithm("ppx")
     msg = str(err.value)
     assert msg == f"unknown algorithm 'ppx'; known: {', '.join(sorted(ALGORITHMS))}"
-    assert "crossq, dagger, dapo, grpo, hg_dagger, iql, offline_bc, ppo, reinforce_pp, reinforce_pp_baseline, rlpd, sac, sft" in msg
+    assert all(f" {name}," in msg or msg.endswith(f" {name}") for name in ("crossq", "dagger", "grpo", "iql", "ppo", "sac", "sft"))
     assert "\n" not in msg
     with pytest.raises(KeyError, match=r"^unknown advantage estimator 'gea'; known: .*gae, grpo"):
         get_advantage_estimator("gea")
