@@ -670,7 +670,7 @@ def no_cluster_start(monkeypatch):
         ("ppo-cartpole", ["actor.precision=bfloat16"], "actor.precision: bfloat16 applies to the off-policy learner; ppo's actor"),
         ("sac-pendulum", ["actor.precision=float16"], "actor.precision"),
         ("crossq-pendulum", ["actor.update_threads=2"], "actor.update_threads: 2 runs the critic's and the actor's parts of an update "
-         "at the same time; crossq's update has no such parts (rlpd, sac have)"),
+         "at the same time; crossq's update has no such parts (dsrl, rlpd, sac have)"),
     ],
 )
 def test_off_policy_bad_input_is_refused_before_start(capsys, tmp_path, no_cluster_start, recipe, overrides, fragment):
