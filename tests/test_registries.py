@@ -113,9 +113,9 @@ def test_one_name_one_implementation_per_kind():
 
 
 def test_sft_is_its_own_kind_and_offline_means_offline_rl():
-    assert get_algorithm("sft").kind == "sft" and get_algorithm("sft").runners == ("llm",)
+    assert get_algorithm("sft").kind == "sft" and get_algorithm("sft").runners == ("llm", "policy_sft")
     assert {n for n, a in ALGORITHMS.items() if a.kind == "offline"} == {"iql", "offline_bc"}
-    with pytest.raises(KeyError, match="is of kind sft"):
+    with pytest.raises(KeyError, match="is of kind policy_sft and sft"):
         get_policy_loss("sft", "token")
 
 
