@@ -280,10 +280,16 @@ class ModelConfig:
 class TaskConfig:
     """Prompts with verifiable answers (runner=llm)."""
 
-    name: str = choice("arithmetic", "arithmetic", "jsonl_qa")
-    ops: List[str] = field(default_factory=lambda: ["+"])  # arithmetic
-    min_digits: int = positive(1)
-    max_digits: int = positive(2)
+    # a name in the task registry (built in: arithmetic, jsonl_qa, calc, multihop; register_task adds one),
+    # checked by building the task when the config is loaded
+    name: str = "arithmetic"
+    ops: Optional[List[str]] = None  # arithmetic, calc; None = the task's default (+ and *)
+    min_digits: Optional[int] = field(default=None, metadata={"min": 1})  # None = the task's default (arithmetic 1-2, calc 4-5)
+    max_digits: Optional[int] = field(default=None, metadata={"min": 1})
+    corpus: Optional[str] = None  # multihop: folder of the generated corpus (made there on first use)
+    hops: List[int] = field(default_factory=lambda: [1, 2])  # multihop: question hop counts drawn (1, 2, 3)
+    entities: int = positive(300)  # multihop: people in a newly made corpus (companies and cities in proportion)
+    corpus_seed: int = 0  # multihop: seed of a newly made corpus (independent of the run's seed)
     test_fraction: float = field(default=0.1, metadata={"min": 0, "max": 1})
     train_file: Optional[str] = None  # jsonl_qa: {question, answer} per line
     test_file: Optional[str] = None

@@ -13,6 +13,10 @@ Answers are compared after extraction (:func:`extract_answer`: the last ``\\boxe
 ``#### x`` line, else "the answer is x", else the last number) and normalisation; numbers compare by
 value (``1/2`` equals ``0.5``; ``1,000`` equals ``1000``).
 
+:func:`make_task` builds the task ``task.name`` names from the registry :data:`TASKS`
+(:func:`register_task` adds one; the agent tasks ``calc`` and ``multihop`` live in
+:mod:`rlweave.agents.tasks` and are registered by import path).
+
 User reward functions (``module:function`` taking ``(prompt, response)``) run through
 :class:`RewardRunner`, which bounds each call by a timeout in a separate process and turns an
 exception or a hang into a counted failure with the function's name, instead of a stuck run.
@@ -42,6 +46,9 @@ __all__ = [
     "RewardRunner",
     "RewardError",
     "make_task",
+    "register_task",
+    "known_tasks",
+    "TASKS",
     "read_jsonl",
     "score_responses",
 ]
@@ -317,20 +324,62 @@ class RewardRunner:
             self._pool = None
 
 
+# --------------------------------------------------------------------------- task registry
+TaskBuilder = Callable[[dict], TextTask]
+# name -> builder ``f(task config as a plain dict) -> TextTask``, or "module:function" of one: tasks of
+# higher layers (the agent tasks) are registered by import path, as simulator suites are, so this
+# module never imports them and their dependencies load only when the task is asked for
+TASKS: dict[str, "TaskBuilder | str"] = {
+    "calc": "rlweave.agents.tasks.calc:build",
+    "multihop": "rlweave.agents.tasks.multihop:build",
+}
+
+
+def register_task(name: str, builder: "TaskBuilder | str | None" = None):
+    """Registers ``builder`` (a function or its ``"module:function"`` path) under ``name``, replacing
+    any previous one. Without ``builder``, returns a decorator: ``@register_task("mine")``."""
+    if builder is None:
+        def deco(fn: TaskBuilder) -> TaskBuilder:
+            TASKS[name] = fn
+            return fn
+        return deco
+    TASKS[name] = builder
+    return builder
+
+
+def known_tasks() -> list[str]:
+    return sorted(TASKS)
+
+
 def make_task(cfg: dict) -> TextTask:
-    """The task a run's ``task`` config section describes."""
-    name = cfg.get("name", "arithmetic")
-    if name == "arithmetic":
-        kw = {"template": cfg["template"]} if cfg.get("template") else {}
-        return ArithmeticTask(ops=tuple(cfg.get("ops", ("+",))), min_digits=cfg.get("min_digits", 1),
-                              max_digits=cfg.get("max_digits", 2), test_fraction=cfg.get("test_fraction", 0.1), **kw)
-    if name == "jsonl_qa":
-        if not cfg.get("train_file"):
-            raise TaskDataError("task.train_file: jsonl_qa needs a JSONL file of {question, answer} records")
-        kw = {"template": cfg["template"]} if cfg.get("template") else {}
-        return JsonlQATask(cfg["train_file"], cfg.get("test_file"), test_fraction=cfg.get("test_fraction", 0.1),
-                           question_key=cfg.get("question_key", "question"), answer_key=cfg.get("answer_key", "answer"), **kw)
-    raise ValueError(f"task.name: unknown task {name!r}; known: arithmetic, jsonl_qa")
+    """The task a run's ``task`` config section describes (``task.name`` in :data:`TASKS`)."""
+    name = cfg.get("name") or "arithmetic"
+    builder = TASKS.get(name)
+    if builder is None:
+        raise ValueError(f"task.name: unknown task {name!r}; known: {', '.join(known_tasks())}")
+    if isinstance(builder, str):
+        module, _, fn = builder.partition(":")
+        builder = getattr(importlib.import_module(module), fn)
+    return builder(cfg)
+
+
+def _template(cfg: dict) -> dict:
+    return {"template": cfg["template"]} if cfg.get("template") else {}
+
+
+@register_task("arithmetic")
+def _build_arithmetic(cfg: dict) -> ArithmeticTask:
+    return ArithmeticTask(ops=tuple(cfg.get("ops") or ("+",)), min_digits=cfg.get("min_digits") or 1,
+                          max_digits=cfg.get("max_digits") or 2, test_fraction=cfg.get("test_fraction", 0.1), **_template(cfg))
+
+
+@register_task("jsonl_qa")
+def _build_jsonl_qa(cfg: dict) -> JsonlQATask:
+    if not cfg.get("train_file"):
+        raise TaskDataError("task.train_file: jsonl_qa needs a JSONL file of {question, answer} records")
+    return JsonlQATask(cfg["train_file"], cfg.get("test_file"), test_fraction=cfg.get("test_fraction", 0.1),
+                       question_key=cfg.get("question_key", "question"), answer_key=cfg.get("answer_key", "answer"),
+                       **_template(cfg))
 
 
 def score_responses(task: TextTask, prompts: Sequence[Prompt], responses: Sequence[str],
