@@ -246,7 +246,7 @@ class ToolBox:
 
 ToolFactory = Callable[..., "Tool | list[Tool]"]
 _TOOL_FACTORIES: dict[str, ToolFactory] = {}
-_BUILTIN_MODULES: tuple[str, ...] = ()  # filled as built-in tool modules land
+_BUILTIN_MODULES: tuple[str, ...] = ("calculator", "python")
 
 
 def register_tool(name: str) -> Callable[[ToolFactory], ToolFactory]:
