@@ -74,21 +74,38 @@ class HFGenerator:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], n: int = 1, seed: int = 0, greedy: bool = False) -> Generation:
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        ids, mask = enc["input_ids"], enc["attention_mask"]
-        U, P = ids.shape
-        B, T = U * n, self.max_new_tokens
-        rows = torch.arange(U).repeat_interleave(n)
+        enc = self.tokenizer(prompts, add_special_tokens=False)
+        return self.generate_ids(enc["input_ids"], n=n, seed=seed, greedy=greedy)
+
+    @torch.no_grad()
+    def generate_ids(self, prompt_ids: list[list[int]], n: int = 1, seed: int = 0, greedy: bool = False,
+                     stop_ids: list[int] | None = None, max_new_tokens: int | list[int] | None = None) -> Generation:
+        """:meth:`generate` from token ids (what a multi-turn agent continues from: its context is
+        the tokens already generated and observed, never re-tokenized text). A row ends at the first
+        of ``stop_ids`` (default: eos; kept in the response, ``finished`` True) or after
+        ``max_new_tokens`` (default: the engine's; one per prompt gives each its own budget)."""
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        stops = torch.tensor(list(stop_ids) if stop_ids else [eos], dtype=torch.long)
+        budgets = max_new_tokens if max_new_tokens is not None else self.max_new_tokens
+        budgets = torch.as_tensor([budgets] * len(prompt_ids) if isinstance(budgets, int) else list(budgets), dtype=torch.long)
+        U, P = len(prompt_ids), max(len(p) for p in prompt_ids)
+        ids = torch.full((U, P), pad, dtype=torch.long)
+        mask = torch.zeros((U, P), dtype=torch.long)
+        for i, p in enumerate(prompt_ids):  # left-padded, as the prefill expects
+            ids[i, P - len(p):], mask[i, P - len(p):] = torch.as_tensor(p, dtype=torch.long), 1
+        B, T = U * n, max(1, int(budgets.max()))
+        rows = torch.arange(U).repeat_interleave(n)
+        limit = budgets[rows]
         start = self._fused_decoder if self.fused is not None else self._hf_decoder
         logits, step = start(ids, mask, rows, T)  # the n rows of a prompt share its prefill
         rng = torch.Generator().manual_seed(int(seed))
         tokens = torch.full((B, T), pad, dtype=torch.long)
         logprobs = torch.zeros(B, T)
-        done = torch.zeros(B, dtype=torch.bool)
+        done = limit <= 0
+        stopped = torch.zeros(B, dtype=torch.bool)
         steps = 0
         for t in range(T):
-            logp = self._processed_logprobs(logits, t, greedy)
+            logp = self._processed_logprobs(logits, t, greedy, stops)
             if greedy:
                 token = logp.argmax(-1, keepdim=True)
             else:
@@ -97,19 +114,24 @@ class HFGenerator:
                 token = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1)
             token = torch.where(done[:, None], torch.full_like(token, pad), token)
             tokens[:, t:t + 1], logprobs[:, t] = token, logp.gather(1, token).squeeze(1)
-            done |= token.squeeze(1) == eos
+            hit = ~done & torch.isin(token.squeeze(1), stops)
+            stopped |= hit
+            done |= hit | (t + 1 >= limit)
             steps = t + 1
             if bool(done.all()) or t == T - 1:
                 break
             logits = step(token, t)
         responses, lps, finished = [], [], []
+        stop_set = set(stops.tolist())
         for i, row in enumerate(tokens[:, :steps].tolist()):
-            end = row.index(eos) + 1 if eos in row else len(row)
+            end = min(int(limit[i]), steps)
+            hits = [j for j, tk in enumerate(row[:end]) if tk in stop_set]
+            end = hits[0] + 1 if bool(stopped[i]) and hits else end
             responses.append(row[:end])
             lps.append(logprobs[i, :end].tolist())
-            finished.append(eos in row)
-        prompt_ids = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-        return Generation(prompt_ids=[p for p in prompt_ids for _ in range(n)], response_ids=responses, logprobs=lps,
+            finished.append(bool(stopped[i]))
+        prompts = [list(p) for p in prompt_ids]
+        return Generation(prompt_ids=[p for p in prompts for _ in range(n)], response_ids=responses, logprobs=lps,
                           finished=finished, group=rows.tolist(), version=self.version)
 
     def _hf_decoder(self, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, T: int):
@@ -151,13 +173,13 @@ class HFGenerator:
 
         return dec.logits(hidden[:, -1])[rows], step
 
-    def _processed_logprobs(self, logits: torch.Tensor, step: int, greedy: bool) -> torch.Tensor:
-        """Log-probs of the distribution token ``step`` is drawn from: end-of-sequence masked
+    def _processed_logprobs(self, logits: torch.Tensor, step: int, greedy: bool, stops: torch.Tensor | None = None) -> torch.Tensor:
+        """Log-probs of the distribution token ``step`` is drawn from: the stop tokens masked
         before ``min_new_tokens``, then (sampling) temperature and nucleus truncation."""
         logits = logits.float()
         if step < self.min_new_tokens:
             logits = logits.clone()
-            logits[:, self.tokenizer.eos_token_id] = -math.inf
+            logits[:, self.tokenizer.eos_token_id if stops is None else stops] = -math.inf
         if greedy:
             return torch.log_softmax(logits, -1)
         if self.temperature != 1.0:

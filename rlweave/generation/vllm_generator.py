@@ -146,18 +146,27 @@ class VLLMGenerator:
 
     def generate(self, prompts: list[str], n: int = 1, seed: int = 0, greedy: bool = False) -> Generation:
         ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-        eos = self.tokenizer.eos_token_id
+        return self.generate_ids(ids, n=n, seed=seed, greedy=greedy)
+
+    def generate_ids(self, prompt_ids: list[list[int]], n: int = 1, seed: int = 0, greedy: bool = False,
+                     stop_ids: list[int] | None = None, max_new_tokens: int | list[int] | None = None) -> Generation:
+        """:meth:`generate` from token ids (``TokensPrompt``), ending at any of ``stop_ids`` (default
+        eos) or after ``max_new_tokens`` (one per prompt, or the engine's), as the HF engine does."""
+        ids = [list(p) for p in prompt_ids]
+        stops = list(stop_ids) if stop_ids else [self.tokenizer.eos_token_id]
+        budgets = max_new_tokens if max_new_tokens is not None else self.max_new_tokens
+        budgets = [budgets] * len(ids) if isinstance(budgets, int) else [int(b) for b in budgets]
         # One request per sample, each with its own seed: reproducible whatever else is batched.
         seeds = np.random.SeedSequence(int(seed)).generate_state(len(ids) * n, dtype=np.uint32)
         requests, params = [], []
         for i, p in enumerate(ids):
             for j in range(n):
-                requests.append(self._tokens_prompt(prompt_token_ids=list(p)))
+                requests.append(self._tokens_prompt(prompt_token_ids=p))
                 params.append(self._sampling_params(
                     n=1, temperature=0.0 if greedy else self.temperature, top_p=1.0 if greedy else self.top_p,
-                    max_tokens=self.max_new_tokens, min_tokens=min(self.min_new_tokens, self.max_new_tokens),
+                    max_tokens=max(1, budgets[i]), min_tokens=min(self.min_new_tokens, budgets[i]),
                     seed=int(seeds[i * n + j]) >> 1, logprobs=0,
-                    stop_token_ids=[eos], detokenize=False,
+                    stop_token_ids=stops, detokenize=False,
                 ))
         with _PreserveProcessState():
             outs = self.llm.generate(requests, params, use_tqdm=False)
@@ -165,11 +174,12 @@ class VLLMGenerator:
         for out in outs:
             comp = out.outputs[0]
             row = list(comp.token_ids)
-            end = row.index(eos) + 1 if eos in row else len(row)
+            hits = [j for j, t in enumerate(row) if t in stops]
+            end = hits[0] + 1 if hits else len(row)
             responses.append(row[:end])
             lps.append([float(comp.logprobs[t][tok].logprob) for t, tok in enumerate(row[:end])])
-            finished.append(eos in row)
-        return Generation(prompt_ids=[list(p) for p in ids for _ in range(n)], response_ids=responses, logprobs=lps,
+            finished.append(bool(hits))
+        return Generation(prompt_ids=[p for p in ids for _ in range(n)], response_ids=responses, logprobs=lps,
                           finished=finished, group=[i // n for i in range(len(responses))], version=self.version)
 
     def decode(self, generation: Generation) -> list[str]:
