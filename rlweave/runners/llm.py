@@ -18,7 +18,6 @@ whatever the number of workers.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
@@ -33,7 +32,6 @@ from rlweave.config import ConfigError
 from rlweave.envs.text_tasks import Prompt, make_task
 from rlweave.runners.common import Budget, RunnerBase
 from rlweave.runners.llm_batches import assemble, groups_of, rl_metrics
-from rlweave.config.chain import WARMUP_DONE
 from rlweave.runners.llm_checks import check_llm, resolve_init, sft_config
 from rlweave.runners.records import StageClock
 from rlweave.sync.weights import verify_sync
@@ -126,34 +124,18 @@ class LLMRunner(RunnerBase):
             return resolve_init(cfg.init.checkpoint)
         if self.sft or not cfg.init.sft_recipe:
             return None
-        sft_dir = self.run_dir / "sft"
-        if (sft_dir / WARMUP_DONE).is_file():
-            return sft_dir / "model"
-        sub_run = sft_config(cfg)
-        started = (sft_dir / "checkpoints").is_dir() and any((sft_dir / "checkpoints").iterdir())
-        print(f"[rlweave] init.checkpoint not given: supervised warm-up '{cfg.init.sft_recipe}' into {sft_dir} with "
-              f"{sub_run.describe()}{' (continuing it)' if started else ''} (all its settings: {sft_dir / 'config.yaml'})")
-        sub = LLMRunner(sub_run.cfg, sft_dir, resume=started)
-        sub.cluster, sub.plan, sub._owns_cluster = self.cluster, sub._plan_placement(self.cluster), False
-        # the checks that need the tokenizer, for the warm-up's settings and this run's, before any training
-        from rlweave.models.causal_lm import load_tokenizer
+        from rlweave.runners.warmup import run_warmup
 
-        start = resolve_init(sub.cfg.init.checkpoint) if sub.cfg.init.checkpoint else sub.cfg.model.path
-        tokenizer = load_tokenizer(sub._tokenizer(str(start) if start else None))  # the one the warm-up will load
-        sub.check_prompts(tokenizer)
-        self.check_prompts(tokenizer)
-        last = sub.run()
-        if sub._stop_reason is not None:  # stopped, not finished: RL must not start from a half-trained model
-            raise KeyboardInterrupt(f"the warm-up stopped ({sub._stop_reason}); run the same command again to continue it")
-        accuracy = last.get("eval/accuracy", float("nan"))
-        print(f"[rlweave] warm-up done: held-out accuracy {accuracy:.3f}; RL starts")
-        target = sub_run.cfg.train.stop_at_eval
-        if target is not None and not accuracy >= target:
-            print(f"[rlweave] warning: the warm-up ended at held-out accuracy {accuracy:.3f}, below its target "
-                  f"train.stop_at_eval={target}: it ran out of train.total_updates ({sub_run.cfg.train.total_updates}); "
-                  f"RL may see few rewards (more updates: init.sft_overrides=['train.total_updates=N'])")
-        (sft_dir / WARMUP_DONE).write_text(json.dumps({"updates": sub.updates, "eval/accuracy": accuracy}))
-        return sft_dir / "model"
+        def check_before_training(sub: "LLMRunner") -> None:
+            # the checks that need the tokenizer, for the warm-up's settings and this run's, before any training
+            from rlweave.models.causal_lm import load_tokenizer
+
+            start = resolve_init(sub.cfg.init.checkpoint) if sub.cfg.init.checkpoint else sub.cfg.model.path
+            tokenizer = load_tokenizer(sub._tokenizer(str(start) if start else None))  # the one the warm-up will load
+            sub.check_prompts(tokenizer)
+            self.check_prompts(tokenizer)
+
+        return run_warmup(self, LLMRunner, sft_config(cfg), "eval/accuracy", "accuracy", check_before_training) / "model"
 
     def check_prompts(self, tokenizer) -> None:
         """Refuses, before any work, a task whose prompts do not fit ``task.max_prompt_tokens`` under

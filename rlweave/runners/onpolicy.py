@@ -27,7 +27,7 @@ from rlweave.cluster import GroupPlacement, PlacementError, WorkerGroup, wait_al
 from rlweave.config import ConfigError
 from rlweave.flow import FlowPlan, Planner, Replanner, physical_cores, plan_from_groups
 from rlweave.models import build_policy
-from rlweave.config.chain import WARMUP_DONE, warmup_config
+from rlweave.config.chain import warmup_config
 from rlweave.models.run_policy import initial_policy_state, policy_kwargs
 from rlweave.runners.common import RunnerBase
 from rlweave.runners.records import StageClock, prefixed_means, total, worst
@@ -108,29 +108,10 @@ class OnPolicyRunner(RunnerBase):
             return cfg.init.checkpoint
         if not cfg.init.sft_recipe:
             return None
-        sft_dir = self.run_dir / "sft"
-        if (sft_dir / WARMUP_DONE).is_file():
-            return str(sft_dir)
         from rlweave.runners.policy_sft import PolicySFTRunner
+        from rlweave.runners.warmup import run_warmup
 
-        sub_run = warmup_config(cfg)
-        started = (sft_dir / "checkpoints").is_dir() and any((sft_dir / "checkpoints").iterdir())
-        print(f"[rlweave] init.checkpoint not given: supervised warm-up '{cfg.init.sft_recipe}' into {sft_dir} with "
-              f"{sub_run.describe()}{' (continuing it)' if started else ''} (all its settings: {sft_dir / 'config.yaml'})")
-        sub = PolicySFTRunner(sub_run.cfg, sft_dir, resume=started)
-        sub.cluster, sub.plan, sub._owns_cluster = self.cluster, sub._plan_placement(self.cluster), False
-        last = sub.run()
-        if sub._stop_reason is not None:
-            raise KeyboardInterrupt(f"the warm-up stopped ({sub._stop_reason}); run the same command again to continue it")
-        rate = last.get("eval/success_rate")
-        print(f"[rlweave] warm-up done: held-out success rate {rate if rate is None else f'{rate:.3f}'}; RL starts")
-        target = sub_run.cfg.train.stop_at_eval
-        if target is not None and not (rate is not None and rate >= target):
-            print(f"[rlweave] warning: the warm-up ended below its target train.stop_at_eval={target}: it ran out of "
-                  f"train.total_updates ({sub_run.cfg.train.total_updates}); RL may see few successes "
-                  "(more updates: init.sft_overrides=['train.total_updates=N'])")
-        (sft_dir / WARMUP_DONE).write_text(json.dumps({"iteration": sub.iteration, "eval/success_rate": rate}))
-        return str(sft_dir)
+        return str(run_warmup(self, PolicySFTRunner, warmup_config(cfg), "eval/success_rate", "success rate"))
 
     def _apply_flow(self, flow: FlowPlan, initial: bool = False) -> None:
         """Lays the env and rollout groups out as ``flow`` says, between iterations. The rollout
