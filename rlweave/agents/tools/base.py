@@ -246,7 +246,7 @@ class ToolBox:
 
 ToolFactory = Callable[..., "Tool | list[Tool]"]
 _TOOL_FACTORIES: dict[str, ToolFactory] = {}
-_BUILTIN_MODULES: tuple[str, ...] = ("calculator", "python")
+_BUILTIN_MODULES: tuple[str, ...] = ("calculator", "python", "search", "mcp_source")
 
 
 def register_tool(name: str) -> Callable[[ToolFactory], ToolFactory]:
