@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -169,13 +170,14 @@ def make_corpus(out_dir: str | Path, n_entities: int = 300, seed: int = 0, test_
     for split, qs in splits.items():
         files[out / f"{split}.jsonl"] = [{"id": f"{split}{i:06d}", **q} for i, q in enumerate(qs)]
     for path, records in files.items():
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")  # per process: workers may make it at once
         tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
         tmp.replace(path)
     meta = {"format": FORMAT, "entities": int(n_entities), "seed": int(seed), "test_fraction": float(test_fraction),
             "documents": len(docs), "train_questions": len(splits["train"]), "test_questions": len(splits["test"])}
-    (out / "meta.tmp").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
-    (out / "meta.tmp").replace(out / "meta.json")  # last: its presence marks a complete corpus
+    tmp = out / f"meta.json.tmp{os.getpid()}"
+    tmp.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(out / "meta.json")  # last: its presence marks a complete corpus
     return out
 
 
@@ -202,7 +204,7 @@ class MultihopTask(AgentTask, TextTask):
         if differ:
             raise TaskDataError(f"task.corpus: {self.dir} was made with {', '.join(differ)}; "
                                 f"point task.corpus at another folder or set the task keys to match")
-        self.docs_dir = self.dir / "docs"
+        self.docs_dir, self._docs = self.dir / "docs", None
         self._splits = {split: self._read(self.dir / f"{split}.jsonl") for split in self.splits}
 
     def _read(self, path: Path) -> list[Prompt]:
@@ -222,8 +224,10 @@ class MultihopTask(AgentTask, TextTask):
         return self._splits[split]
 
     def documents(self) -> dict[str, dict]:
-        """The corpus by document id."""
-        return {r["id"]: r for _, r in read_jsonl(self.docs_dir / "corpus.jsonl")}
+        """The corpus by document id (read once)."""
+        if self._docs is None:
+            self._docs = {r["id"]: r for _, r in read_jsonl(self.docs_dir / "corpus.jsonl")}
+        return self._docs
 
     def tool_entries(self) -> list:
         return [{"name": "search", "corpus": str(self.docs_dir)}]

@@ -21,9 +21,9 @@ from rlweave.envs.text_tasks import Prompt
 __all__ = ["SYSTEM_PROMPT", "ANSWER_FORMAT", "system_prompt", "final_answer", "initial_messages",
            "tool_call_message", "tool_message"]
 
-SYSTEM_PROMPT = ("You are a careful assistant that answers questions by calling tools. Available tools: {tools}. "
-                 "Call a tool whenever it helps: do not compute or recall facts you can look up. "
-                 "When you know the answer, reply with exactly one line: The answer is <answer>.")
+# short on purpose: every prompt token is context that a small model's few positions pay for
+SYSTEM_PROMPT = ("Use the tools ({tools}) to look up facts and compute; do not guess. "
+                 "Finish with one line: The answer is <answer>.")
 ANSWER_FORMAT = "The answer is {answer}."
 
 
