@@ -46,6 +46,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "metaworld": ("rlweave.envs.metaworld_suite:make_env", "metaworld"),
     "libero": ("rlweave.envs.libero_suite:make_env", "libero"),
     "dsrl": ("rlweave.envs.dsrl:make_env", ""),  # dsrl/<inner id>: noise-space actions of a frozen flow policy
+    "remote": ("rlweave.robot.client:make_env", "robot"),  # remote/<host>:<port>: a robot served by rlweave robot-server
 }
 
 
