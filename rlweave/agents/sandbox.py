@@ -270,10 +270,14 @@ class Sandbox:
                 f.write(code)
             spec = {"scratch": scratch, "python": self.python, "isolated": isolated, "limits": dataclasses.asdict(lim),
                     "cgroup": cgroup.path if cgroup else None}
-            argv = [self.python, "-I", "-S", os.path.abspath(__file__), "--boot", json.dumps(spec)]
-            if isolated:
-                argv = (_unshare_argv() or []) + argv
-            return _communicate(argv, self._env(scratch), scratch, stdin, lim, isolated)
+            status_r, status_w = os.pipe()
+            try:
+                argv = [self.python, "-I", "-S", os.path.abspath(__file__), "--boot", json.dumps(spec), str(status_w)]
+                if isolated:
+                    argv = (_unshare_argv() or []) + argv
+                return _communicate(argv, self._env(scratch), scratch, stdin, lim, isolated, status_r, status_w)
+            finally:
+                os.close(status_r)
         finally:
             if cgroup is not None:
                 cgroup.remove()
@@ -281,12 +285,16 @@ class Sandbox:
 
 
 def _communicate(argv: list[str], env: dict[str, str], cwd: str, stdin: str | None, lim: SandboxLimits,
-                 isolated: bool) -> SandboxResult:
-    """Starts the run in its own session, captures bounded output, kills the session at the wall limit."""
+                 isolated: bool, status_r: int, status_w: int) -> SandboxResult:
+    """Starts the run in its own session, captures bounded output, kills the session at the wall limit.
+    The program's exit status comes from the in-namespace init through the ``status`` pipe."""
     start = time.monotonic()
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-                            start_new_session=True, close_fds=True)
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
+                                start_new_session=True, close_fds=True, pass_fds=(status_w,))
+    finally:
+        os.close(status_w)
     if stdin is not None:
         try:
             assert proc.stdin is not None
@@ -324,6 +332,15 @@ def _communicate(argv: list[str], env: dict[str, str], cwd: str, stdin: str | No
         for stream in caps:
             stream.close()  # type: ignore[union-attr]
     code = proc.wait()
+    os.set_blocking(status_r, False)
+    try:
+        reported = os.read(status_r, 64).decode().strip()
+    except BlockingIOError:
+        reported = ""
+    if reported:
+        code = int(reported)
+    elif timed_out:
+        code = -signal.SIGKILL  # killed before the init could report
     out, err = caps[proc.stdout], caps[proc.stderr]
     return SandboxResult(stdout=out.text(), stderr=err.text(), exit_code=code, timed_out=timed_out,
                          wall_s=time.monotonic() - start, truncated=bool(out.dropped or err.dropped), isolated=isolated)
@@ -413,30 +430,50 @@ def _set_limits(lim: dict[str, Any]) -> None:
         resource.setrlimit(res, (soft, hard))
 
 
-def _boot(spec: dict[str, Any]) -> None:
-    """In the namespaces: join the pids cgroup, read-only mounts, scratch tmpfs, limits, drop privileges, exec."""
+def _boot(spec: dict[str, Any], status_fd: int) -> None:
+    """In the namespaces: join the pids cgroup, read-only mounts and scratch tmpfs; then fork the model's
+    program (limits, privileges dropped, ``exec``) and stay as the namespace's init until it exits.
+
+    Why an init of our own rather than ``exec``-ing the program as PID 1: a namespace's init ignores
+    signals it has no handler for (so ``SIGXCPU`` or a program's own ``kill`` would do nothing), and
+    the program's exit status (a signal included) must reach the host intact: it is written to
+    ``status_fd`` as one line.
+    """
+    os.set_inheritable(status_fd, False)
     scratch, lim = spec["scratch"], spec["limits"]
     code = open(os.path.join(scratch, "main.py")).read()
     if spec.get("cgroup"):
         with open(os.path.join(spec["cgroup"], "cgroup.procs"), "w") as f:
             f.write("0")  # this process; everything it starts stays in the cgroup
+    libc = _libc()
     if spec["isolated"]:
-        libc = _libc()
         _make_read_only(libc)
         _mount(libc, "tmpfs", scratch, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={lim['scratch_mb']}m,mode=0777")
         with open(os.path.join(scratch, "main.py"), "w") as f:
             f.write(code)
-        _set_limits(lim)
-        _drop_privileges(libc)
-    else:
-        _set_limits(lim)
-    os.chdir(scratch)
-    os.execve(spec["python"], [spec["python"], "-I", "main.py"], dict(os.environ))
+    child = os.fork()
+    if child == 0:
+        try:
+            _set_limits(lim)
+            if spec["isolated"]:
+                _drop_privileges(libc)
+            os.chdir(scratch)
+            os.execve(spec["python"], [spec["python"], "-I", "main.py"], dict(os.environ))
+        except BaseException as exc:  # noqa: BLE001
+            os.write(2, f"{SETUP_FAILED_MARK} {type(exc).__name__}: {exc}\n".encode())
+        os._exit(SETUP_FAILED_EXIT)
+    while True:  # reap orphans (we are init) until the program itself exits
+        pid, status = os.waitpid(-1, 0)
+        if pid == child:
+            break
+    code_ = os.waitstatus_to_exitcode(status)
+    os.write(status_fd, f"{code_}\n".encode())
+    os._exit(0)
 
 
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--boot":
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--boot":
     try:
-        _boot(json.loads(sys.argv[2]))
+        _boot(json.loads(sys.argv[2]), int(sys.argv[3]))
     except Exception as exc:  # noqa: BLE001 - the host reads this line and refuses to run unisolated
         sys.stderr.write(f"{SETUP_FAILED_MARK} {type(exc).__name__}: {exc}\n")
         sys.exit(SETUP_FAILED_EXIT)
