@@ -362,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", default=None)
     s.add_argument("rest", nargs=argparse.REMAINDER)
     s.set_defaults(fn=cmd_bench)
+    from rlweave.robot.command import add_command as add_robot_command
+
+    add_robot_command(sub)  # robot-server
     return p
 
 

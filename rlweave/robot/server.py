@@ -43,7 +43,7 @@ from rlweave.robot.driver import RobotDriver, SimDriver, StepOutcome
 from rlweave.robot.protocol import PROTOCOL_VERSION, ProtocolError, array_spec, check_array, check_request, encode_frame, pack, unpack
 from rlweave.serving.security import SecurityError, ServerSecurity
 
-__all__ = ["Limits", "RobotServer", "ServerThread", "main", "add_arguments"]
+__all__ = ["Limits", "RobotServer", "ServerThread", "main", "run"]
 
 LINK_HOLDS = ("heartbeat lost", "controller disconnected")  # holds a reconnecting trainer may recover from
 
@@ -368,27 +368,6 @@ class ServerThread:
 
 
 # ---------------------------------------------------------------------------- the command
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """``rlweave robot-server`` options (also ``python -m rlweave.robot.server``)."""
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--sim", metavar="ENV_ID", help="a simulated robot: any gymnasium id with flat Box spaces")
-    which.add_argument("--driver", metavar="MODULE:FACTORY", help="a real robot: a function returning a RobotDriver")
-    p.add_argument("--camera", metavar="WxH", help="--sim: render a camera of this size (MuJoCo envs)")
-    p.add_argument("--camera-format", choices=("jpeg", "png"), default="jpeg")
-    p.add_argument("--host", default="127.0.0.1", help="listen address (default loopback; anything else needs a token)")
-    p.add_argument("--port", type=int, default=8765)
-    p.add_argument("--token-file", help="file holding the bearer token (default: $RLWEAVE_TOKEN, else generated off loopback)")
-    p.add_argument("--tls-cert")
-    p.add_argument("--tls-key")
-    p.add_argument("--max-message-bytes", type=int, default=4 * 1024 * 1024)
-    p.add_argument("--max-rate-hz", type=float, help="steps faster than this are delayed to it")
-    p.add_argument("--max-action-delta", type=float, help="clip each action to this distance from the previous one")
-    p.add_argument("--heartbeat-timeout", type=float, default=1.0, help="seconds without a message before the robot is held")
-    p.add_argument("--max-episode-steps", type=int)
-    p.add_argument("--events", help="append events (claims, holds, resets; steps with --log-steps) as JSON lines")
-    p.add_argument("--log-steps", action="store_true")
-
-
 def _driver_factory(args) -> Callable[[], RobotDriver]:
     if args.driver:
         module, _, fn = args.driver.partition(":")
@@ -435,6 +414,8 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rlweave.robot.command import add_arguments
+
     p = argparse.ArgumentParser(prog="rlweave robot-server", description=__doc__.splitlines()[0])
     add_arguments(p)
     return run(p.parse_args(argv))
