@@ -255,3 +255,24 @@ def test_python_tool_refuses_without_isolation_unless_allowed(monkeypatch):
     box = make_toolbox([{"name": "python", "allow_unisolated": True, "wall_s": 5}])
     (r,) = box.execute_sync([ToolCall("python", {"code": "print('still runs')"})])
     assert r.content == "[exit code 0]\nstdout:\nstill runs"
+
+
+def test_tools_served_by_a_worker_group_keep_call_order_and_counts():
+    from rlweave.agents.tools.server_worker import GroupToolBox, ToolServerWorker
+    from rlweave.cluster import Cluster, GroupPlacement, WorkerGroup
+
+    cluster = Cluster.start(num_cpus=2, local=True)
+    group = WorkerGroup(ToolServerWorker, GroupPlacement("tools", cluster.slots()[:2]), cluster, args=(["calculator"],))
+    try:
+        box = GroupToolBox(group)
+        assert box.names == ["calculator"]
+        calls = [ToolCall("calculator", {"expression": f"{i} * 10"}) for i in range(3)] + [ToolCall("nope", {})]
+        results = box.execute_sync(calls)
+        assert [r.content for r in results[:3]] == ["0", "10", "20"] and results[3].error == "unknown_tool"
+        assert asyncio.run(box.execute(calls[:1]))[0].content == "0"
+        assert box.counts["unknown_tool"] == 1 and box.n_calls == 5
+        box.reset_counts()
+        assert sum(box.counts.values()) == 0
+        box.close()
+    finally:
+        group.shutdown()
