@@ -47,6 +47,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "libero": ("rlweave.envs.libero_suite:make_env", "libero"),
     "dsrl": ("rlweave.envs.dsrl:make_env", ""),  # dsrl/<inner id>: noise-space actions of a frozen flow policy
     "remote": ("rlweave.robot.client:make_env", "robot"),  # remote/<host>:<port>: a robot served by rlweave robot-server
+    "world_model": ("rlweave.world_models.env:make_env", ""),  # world_model/<model folder>: imagined rollouts
 }
 
 
