@@ -365,6 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
     from rlweave.robot.command import add_command as add_robot_command
 
     add_robot_command(sub)  # robot-server
+    from rlweave.serving.commands import add_serving_commands
+
+    add_serving_commands(sub)  # serve
+    from rlweave.world_models.cli import add_commands as add_world_model_commands
+
+    add_world_model_commands(sub)  # train-world-model, world-model-video
     return p
 
 
