@@ -217,10 +217,44 @@ def token_advantages(estimator: str, scores: Tensor, mask: Tensor, group_ids: Te
     """Per-token advantages [B, L] (and returns, for a critic) of a language-model batch by the
     registry's ``token`` estimator of that name (built in: ``grpo``, ``gae``, ``reinforce_pp``,
     ``reinforce_pp_baseline``). ``kl``/``kl_coef``: a per-token KL penalty in the reward
-    (``algorithm.kl_mode=reward``); GRPO takes KL as a loss instead."""
-    out = ADVANTAGE_ESTIMATORS.get(estimator, "token")(TokenAdvantageInput(
-        scores, mask, group_ids, values=values, kl=kl, kl_coef=kl_coef, gamma=gamma, lam=lam, norm=norm))
-    return out.advantages, out.returns
+    (``algorithm.kl_mode=reward``); GRPO takes KL as a loss instead.
+
+    A ``mask`` with holes (multi-turn agent rows: tool observations inside the response, 0 in the
+    mask) is compacted first: each row's model tokens are moved together, the estimator runs on
+    them as on a single-turn response (the last model token gets the score; reward-to-go and GAE
+    never step through observation tokens), and the results go back to their columns (0 on
+    observations). Prefix masks (single-turn rows) are passed through untouched."""
+    estimate = ADVANTAGE_ESTIMATORS.get(estimator, "token")
+    holes = _has_holes(mask)
+    if holes:
+        order, mask, (values, kl) = _compact(mask, values, kl)
+    out = estimate(TokenAdvantageInput(scores, mask, group_ids, values=values, kl=kl, kl_coef=kl_coef, gamma=gamma,
+                                       lam=lam, norm=norm))
+    if not holes:
+        return out.advantages, out.returns
+    return _scatter(out.advantages, order), None if out.returns is None else _scatter(out.returns, order)
+
+
+def _has_holes(mask: Tensor) -> bool:
+    """Whether some row's real tokens are not a prefix (a 0 before a 1)."""
+    m = mask.bool()
+    return bool((~m[:, :-1] & m[:, 1:]).any())
+
+
+def _compact(mask: Tensor, *tensors: Tensor | None) -> tuple[Tensor, Tensor, list[Tensor | None]]:
+    """Each row's masked-in columns moved to the front, in order: the column order [B, L], the
+    compacted (prefix) mask, and ``tensors`` gathered the same way."""
+    m = mask.bool()
+    L = m.shape[1]
+    key = (~m).long() * L + torch.arange(L, device=m.device)  # real tokens first, each group in column order
+    order = key.argsort(-1)
+    packed = m.gather(1, order)
+    return order, packed.to(mask.dtype), [None if t is None else t.gather(1, order) * packed for t in tensors]
+
+
+def _scatter(x: Tensor, order: Tensor) -> Tensor:
+    """Inverse of :func:`_compact` for one [B, L] tensor (the compacted tail is 0)."""
+    return torch.zeros_like(x).scatter_(1, order, x)
 
 
 # ----------------------------------------------------------------------------- registry entries (kinds token, sft)

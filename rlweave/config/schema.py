@@ -316,6 +316,18 @@ class DataConfig:
 
 
 @dataclass
+class AgentConfig:
+    """Multi-turn tool use (runner=llm): with ``tools`` set, every rollout and evaluation is an
+    episode of model turns and tool observations (rlweave/agents/loop.py)."""
+
+    # make_toolbox entries: "calculator", {name: search, ...}, {mcp: {command: [...]}}; empty = single-turn
+    tools: List[Any] = field(default_factory=list)
+    max_turns: int = positive(4)  # model turns per episode
+    max_tokens: int = positive(256)  # response tokens per episode (model turns and observations); rollout.max_new_tokens bounds one turn
+    tool_timeout_s: float = field(default=10.0, metadata={"min": 1e-3})  # per call, for entries that set no timeout_s
+
+
+@dataclass
 class InitConfig:
     """Where a language-model run's weights start."""
 
@@ -398,6 +410,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     init: InitConfig = field(default_factory=InitConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     run: RunConfig = field(default_factory=RunConfig)

@@ -4,7 +4,9 @@ Sources:
 
 * a local JSONL file of ``{prompt, response}`` records, or of ``{messages: [{role, content}, ...]}``
   chats (the last assistant message is the response; everything before it, rendered with the
-  tokenizer's chat template when it has one, is the prompt);
+  tokenizer's chat template when it has one, is the prompt). A multi-turn chat (``{messages,
+  tools}`` of an agent's trace, with tool turns) is tokenized whole by the chat template and
+  trained on every assistant turn, the tool observations masked out;
 * a task's train split with its gold answers (``sft-arith``: the warm-up before RL).
 
 Rows are built one of two ways. *Padding*: one example per row, left-padded to the batch's
@@ -18,20 +20,32 @@ A malformed JSONL line is refused before training, with its line number and the 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from rlweave.envs.text_tasks import TaskDataError, TextTask, read_jsonl
+from rlweave.models.chat_template import encode_conversation, has_chat_template
 
 __all__ = ["SFTExample", "read_sft_jsonl", "SFTData"]
 
 
 @dataclass(frozen=True)
 class SFTExample:
+    """A prompt and its response; chat records also keep their ``messages`` (and ``tools``), which a
+    multi-turn record (tool specs, tool turns or several assistant turns: an agent's trace) is
+    trained on as a whole conversation, every assistant turn a target."""
+
     prompt: str
     response: str
+    messages: tuple | None = field(default=None, compare=False)
+    tools: tuple | None = field(default=None, compare=False)
+
+    @property
+    def multi_turn(self) -> bool:
+        m = self.messages or ()
+        return bool(self.tools) or any(x["role"] == "tool" for x in m) or sum(x["role"] == "assistant" for x in m) > 1
 
 
 def read_sft_jsonl(path: str | Path, prompt_key: str = "prompt", response_key: str = "response",
@@ -42,7 +56,11 @@ def read_sft_jsonl(path: str | Path, prompt_key: str = "prompt", response_key: s
     out = []
     for lineno, rec in read_jsonl(path):
         if "messages" in rec:
-            out.append(_chat_example(rec["messages"], f"{path}:{lineno}", tokenizer))
+            tools = rec.get("tools")
+            if tools is not None and not isinstance(tools, list):
+                raise TaskDataError(f"{path}:{lineno}: 'tools' must be a list of tool specs")
+            ex = _chat_example(rec["messages"], f"{path}:{lineno}", tokenizer)
+            out.append(SFTExample(ex.prompt, ex.response, tuple(rec["messages"]), tuple(tools) if tools else None))
             continue
         missing = [k for k in (prompt_key, response_key) if k not in rec]
         if missing:
@@ -87,9 +105,12 @@ class SFTData:
         return [SFTExample(p.text, p.answer) for p in self.task.prompts("train", n, seed)]
 
     def _encode(self, ex: SFTExample) -> tuple[list[int], list[bool]]:
-        p = self.tok(ex.prompt, add_special_tokens=False)["input_ids"]
-        r = self.tok(ex.response, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
-        ids, target = p + r, [False] * len(p) + [True] * len(r)
+        if ex.multi_turn and has_chat_template(self.tok):  # an agent trace: every assistant turn, observations masked
+            ids, target = encode_conversation(self.tok, ex.messages, ex.tools)
+        else:
+            p = self.tok(ex.prompt, add_special_tokens=False)["input_ids"]
+            r = self.tok(ex.response, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+            ids, target = p + r, [False] * len(p) + [True] * len(r)
         if len(ids) > self.max_tokens:  # keep the response, cut the prompt's start
             self.truncated += 1
             ids, target = ids[-self.max_tokens:], target[-self.max_tokens:]

@@ -330,7 +330,7 @@ def select_rows(batch: dict, rows) -> dict:
 
 
 # the row-aligned entries an actor rank's score / update reads (the rest of a batch stays with the driver)
-RESPONSE_ROW_KEYS = ("prompt_ids", "prompt_mask", "prompt_index", "response_ids", "resp_len", "rollout_logprobs",
+RESPONSE_ROW_KEYS = ("prompt_ids", "prompt_mask", "prompt_index", "response_ids", "resp_len", "loss_mask", "rollout_logprobs",
                      "advantages", "old_logprobs", "ref_logprobs", "old_values", "returns")
 
 

@@ -17,10 +17,11 @@ carries the markers anyway so ``return_assistant_tokens_mask`` works on it too (
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import functools
+from typing import Sequence
 
 __all__ = ["CHAT_TEMPLATE", "CHAT_SPECIAL_TOKENS", "IM_START", "IM_END", "add_chat_template", "has_chat_template",
-           "render", "turn_end_token", "stop_token_ids", "encode_conversation"]
+           "render", "render_text", "turn_end_token", "stop_token_ids", "encode_conversation"]
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
@@ -145,3 +146,17 @@ def encode_conversation(tokenizer, messages: Sequence[dict], tools: Sequence[dic
         raise ValueError("the chat template does not render the conversation as a growing prefix")
     rest = _ids(tokenizer, full[len(done):])
     return ids + rest, mask + [False] * len(rest)
+
+
+def render_text(messages: Sequence[dict], tools: Sequence[dict] | None = None, add_generation_prompt: bool = False) -> str:
+    """A conversation rendered by :data:`CHAT_TEMPLATE` before any tokenizer exists: the text a
+    tokenizer trained here learns its merges from (the template's text does not depend on the
+    vocabulary, so a throwaway byte-level tokenizer renders it)."""
+    return render(_renderer(), messages, tools, add_generation_prompt)
+
+
+@functools.lru_cache(maxsize=1)
+def _renderer():
+    from rlweave.models.causal_lm import train_tokenizer
+
+    return add_chat_template(train_tokenizer(["."], vocab_size=260))

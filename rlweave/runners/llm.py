@@ -31,7 +31,7 @@ from rlweave.cluster import Cluster, WorkerGroup, make_plan
 from rlweave.config import ConfigError
 from rlweave.envs.text_tasks import Prompt, make_task
 from rlweave.runners.common import Budget, RunnerBase
-from rlweave.runners.llm_batches import assemble, groups_of, rl_metrics
+from rlweave.runners.llm_batches import agent_metrics, assemble, groups_of, rl_metrics
 from rlweave.runners.llm_checks import check_llm, resolve_init, sft_config
 from rlweave.runners.records import StageClock
 from rlweave.sync.weights import verify_sync
@@ -59,6 +59,9 @@ class LLMRunner(RunnerBase):
         self._generation_calls = 0
         self._logged_initial_eval = False
         self._best_eval: float | None = None  # the best evaluation's accuracy so far (the SFT stop rule's approach)
+        self.agent_cfg = OmegaConf.to_container(self.cfg.agent)
+        self.agent = bool(self.agent_cfg["tools"])  # multi-turn tool use (rlweave/agents)
+        self._tool_specs: list | None = None
 
     def _layout_candidates(self, cluster: Cluster) -> list:
         return layout_candidates(cluster, self.cfg.placement.oversubscribe)
@@ -92,13 +95,13 @@ class LLMRunner(RunnerBase):
         self.actor = WorkerGroup(LMActorWorker, plan.groups["actor"], self.cluster,
                                  args=(self.model_spec, self.tokenizer_path, algo, cfg.seed, cfg.rollout.temperature,
                                        {**OmegaConf.to_container(cfg.actor), **self._strategy_override(),
-                                        "max_tokens": cfg.task.max_prompt_tokens + cfg.rollout.max_new_tokens}),
+                                        "max_tokens": cfg.task.max_prompt_tokens + self._response_tokens()}),
                                  init_dist=True)
         self.groups = [self.actor]
         fused = plan.groups["rollout"].slots == plan.groups["actor"].slots
         self.rollout = WorkerGroup(LMRolloutWorker, plan.groups["rollout"], self.cluster,
                                    args=(self.model_spec, self.tokenizer_path, OmegaConf.to_container(cfg.rollout),
-                                         OmegaConf.to_container(cfg.task)),
+                                         OmegaConf.to_container(cfg.task), self.agent_cfg),
                                    colocate_with=self.actor if fused else None)
         self.groups.append(self.rollout)
         # collocated rank by rank, the engines can generate with their actor rank's own parameters:
@@ -162,15 +165,24 @@ class LLMRunner(RunnerBase):
         if not (path / "tokenizer_config.json").is_file():
             from rlweave.models.causal_lm import train_tokenizer
 
+            from rlweave.models.chat_template import add_chat_template, render_text
+
             corpus = [p.text + p.answer for p in self.task.prompts("train", 2000, seed=self.cfg.seed)]
+            chat = self.agent  # agent runs and SFT on multi-turn traces need the chat template and its tokens
+            if self.agent:
+                from rlweave.agents.rollout import chat_corpus
+
+                corpus += chat_corpus(self.task, self.agent_cfg, self.task.prompts("train", 500, seed=self.cfg.seed))
             if self.sft and self.cfg.data.path:
                 from rlweave.data.sft_data import read_sft_jsonl
 
-                corpus += [e.prompt + e.response for e in read_sft_jsonl(self.cfg.data.path, self.cfg.data.prompt_key,
-                                                                          self.cfg.data.response_key)]
+                for e in read_sft_jsonl(self.cfg.data.path, self.cfg.data.prompt_key, self.cfg.data.response_key):
+                    chat |= e.multi_turn
+                    corpus.append(render_text(e.messages, e.tools) if e.multi_turn else e.prompt + e.response)
             tmp = path.with_name("tokenizer.tmp")
             path.parent.mkdir(parents=True, exist_ok=True)
-            train_tokenizer(corpus, vocab_size=m.vocab_size).save_pretrained(tmp)
+            tok = train_tokenizer(corpus, vocab_size=m.vocab_size)
+            (add_chat_template(tok) if chat else tok).save_pretrained(tmp)
             shutil.rmtree(path, ignore_errors=True)
             tmp.rename(path)
         return str(path)
@@ -197,14 +209,31 @@ class LLMRunner(RunnerBase):
         kept, dropped, truncated = [], 0, 0
         for p in prompts:
             ids = tokenizer(p.text, add_special_tokens=False)["input_ids"]
-            if len(ids) <= limit:
+            overhead = self._prompt_overhead(tokenizer, p, len(ids))
+            if len(ids) + overhead <= limit:
                 kept.append(p)
-            elif mode == "drop":
+            elif mode == "drop" or overhead >= limit:
                 dropped += 1
             else:
                 truncated += 1
-                kept.append(Prompt(p.id, tokenizer.decode(ids[-limit:]), p.answer, p.meta))
+                kept.append(Prompt(p.id, tokenizer.decode(ids[-(limit - overhead):]), p.answer, p.meta))
         return kept, dropped, truncated
+
+    def _prompt_overhead(self, tokenizer, prompt: Prompt, question_tokens: int) -> int:
+        """Tokens an agent episode's first context adds around the question (system prompt, tools,
+        chat markers); 0 for single-turn runs, whose prompt is the question's text."""
+        if not self.agent:
+            return 0
+        from rlweave.agents.rollout import prompt_tokens, tool_specs
+
+        if self._tool_specs is None:
+            self._tool_specs = tool_specs(self.agent_cfg)
+        return prompt_tokens(tokenizer, prompt, self._tool_specs)[0] - question_tokens
+
+    def _response_tokens(self) -> int:
+        """The longest response a row can hold: an agent episode's ``agent.max_tokens`` (turns and
+        observations), else ``rollout.max_new_tokens``."""
+        return self.cfg.agent.max_tokens if self.agent else self.cfg.rollout.max_new_tokens
 
     def _issue_generation(self, it: int, rounds: int = 0):
         """Draws this iteration's prompts (seeded by run, iteration and round) and sends each
@@ -323,7 +352,7 @@ class LLMRunner(RunnerBase):
         mask = torch.as_tensor(batch["mask"])
         scores = torch.as_tensor(batch["rewards"], dtype=torch.float32)
         if a.overlong_buffer:
-            scores = scores + overlong_penalty(torch.as_tensor(batch["resp_len"]), self.cfg.rollout.max_new_tokens,
+            scores = scores + overlong_penalty(torch.as_tensor(batch["resp_len"]), self._response_tokens(),
                                                a.overlong_buffer, a.overlong_penalty)
         ref = torch.as_tensor(scored["ref_logprobs"]) if "ref_logprobs" in scored else None
         old = torch.as_tensor(scored["logprobs"]) if scored else None
@@ -398,8 +427,12 @@ class LLMRunner(RunnerBase):
         """Greedy answers of the rollout engines (holding the latest weights) to the held-out prompts."""
         outs = self.rollout.evaluate(self.eval_prompts)
         n = sum(o["n"] for o in outs)
-        return {"eval/accuracy": sum(o["correct"] for o in outs) / max(1, n),
-                "eval/response_length": sum(o["response_tokens"] for o in outs) / max(1, n)}
+        record = {"eval/accuracy": sum(o["correct"] for o in outs) / max(1, n),
+                  "eval/response_length": sum(o["response_tokens"] for o in outs) / max(1, n)}
+        agent = [o["agent"] for o in outs if o.get("agent")]
+        if agent:  # multi-turn evaluation: greedy episodes with the tools
+            record.update(agent_metrics({k: sum(a[k] for a in agent) for k in agent[0]}, "eval"))
+        return record
 
     def _finish_record(self, record, metrics, trace, progress, final):
         if self._pending_sync is not None and self._eval_due(final):

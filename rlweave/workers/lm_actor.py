@@ -171,10 +171,15 @@ class LMActorWorker(Worker):
     _RESPONSE_KEYS = ("prompt_ids", "prompt_mask", "prompt_index", "response_ids", "resp_len")
 
     def _tensors(self, batch: dict) -> tuple[dict, torch.Tensor]:
-        """The response batch as tensors, and its response mask [B, R]."""
+        """The response batch as tensors, and its response mask [B, R]: the response's tokens, less
+        those a ``loss_mask`` (multi-turn agent rows) marks 0, the tool observations, which stay in
+        the context but out of every loss term, ratio, KL and entropy."""
         rows = {k: _tensor(batch[k], dtype=torch.long, device=self.device) for k in self._RESPONSE_KEYS}
         width = rows["response_ids"].shape[1]
-        return rows, torch.arange(width, device=self.device)[None, :] < rows["resp_len"][:, None]
+        mask = torch.arange(width, device=self.device)[None, :] < rows["resp_len"][:, None]
+        if batch.get("loss_mask") is not None:
+            mask &= _tensor(batch["loss_mask"], dtype=torch.bool, device=self.device)
+        return rows, mask
 
     def _forward(self, rows: dict, with_entropy: bool = True, entropy_grad: bool = True, policy=None) -> dict:
         return (policy or self.policy).forward_responses(**rows, with_entropy=with_entropy, entropy_grad=entropy_grad,

@@ -42,13 +42,20 @@ class LMRolloutWorker(Worker):
     """Generates responses to prompts with a generation engine (Hugging Face or vLLM) holding a copy
     of the policy's weights, and scores them with the task's verifier or the user's reward function:
     for language models the task is the environment, so one worker holds both."""
-    def __init__(self, model_spec: dict, tokenizer_path: str, rollout_cfg: dict, task_cfg: dict):
+    def __init__(self, model_spec: dict, tokenizer_path: str, rollout_cfg: dict, task_cfg: dict, agent_cfg: dict | None = None):
+        """``agent_cfg``: the run's ``agent`` section; with ``agent.tools`` set, responses are
+        multi-turn tool-use episodes (:class:`~rlweave.agents.rollout.AgentRollout`)."""
         self.tokenizer = load_tokenizer(tokenizer_path)
         # the plain architecture: LoRA adapters arrive merged into the weights
         model = load_causal_lm({**model_spec, "lora_rank": 0}, len(self.tokenizer), tokenizer=self.tokenizer)
         self.generator = make_generator(rollout_cfg["backend"], model, self.tokenizer, rollout_cfg,
                                         kernels=model_spec.get("kernels", "auto"))
         self.task = make_task(task_cfg)
+        self.agent = None
+        if agent_cfg and agent_cfg.get("tools"):
+            from rlweave.agents.rollout import AgentRollout
+
+            self.agent = AgentRollout(self.generator, self.tokenizer, agent_cfg, rollout_cfg["max_new_tokens"])
         # one call at a time (the host is threaded); a weight load waits for the generations issued before it
         self._lock = threading.Condition()
         self.generations = 0
@@ -118,16 +125,21 @@ class LMRolloutWorker(Worker):
             return {"prompt_ids": [], "response_ids": [], "logprobs": [], "finished": [], "group": [], "rewards": [],
                     "version": self.version, "reward_failures": 0, "time/generate": 0.0, "time/reward": 0.0}
         t0 = time.perf_counter()
-        gen = self.generator.generate([p.text for p in prompts], n=n, seed=seed)
-        texts = self.generator.decode(gen)
+        out, texts = self._responses(prompts, n, seed)
         t1 = time.perf_counter()
         failed = self._failures()
-        rewards = score_responses(self.task, [prompts[g] for g in gen.group], texts, self.reward_fn)
-        return {
-            "prompt_ids": gen.prompt_ids, "response_ids": gen.response_ids, "logprobs": gen.logprobs,
-            "finished": gen.finished, "group": gen.group, "rewards": rewards, "version": gen.version,
-            "reward_failures": self._failures() - failed, "time/generate": t1 - t0, "time/reward": time.perf_counter() - t1,
-        }
+        rewards = score_responses(self.task, [prompts[g] for g in out["group"]], texts, self.reward_fn)
+        return {**out, "rewards": rewards, "reward_failures": self._failures() - failed, "time/generate": t1 - t0,
+                "time/reward": time.perf_counter() - t1}
+
+    def _responses(self, prompts: list[Prompt], n: int, seed: int, greedy: bool = False) -> tuple[dict, list[str]]:
+        """Single-turn responses, or multi-turn episodes with ``agent.tools``; and the text scored."""
+        if self.agent is not None:
+            return self.agent.generate(prompts, n, seed, greedy)
+        gen = self.generator.generate([p.text for p in prompts], n=n, seed=seed, greedy=greedy)
+        out = {"prompt_ids": gen.prompt_ids, "response_ids": gen.response_ids, "logprobs": gen.logprobs,
+               "finished": gen.finished, "group": gen.group, "version": gen.version}
+        return out, self.generator.decode(gen)
 
     @group_method("shard")
     def evaluate(self, prompts: list[Prompt]) -> dict:
@@ -138,10 +150,12 @@ class LMRolloutWorker(Worker):
     def _evaluate(self, prompts: list[Prompt]) -> dict:
         if not prompts:  # more workers than held-out prompts
             return {"correct": 0, "n": 0, "response_tokens": 0}
-        gen = self.generator.generate([p.text for p in prompts], n=1, seed=0, greedy=True)
-        texts = self.generator.decode(gen)
+        out, texts = self._responses(prompts, 1, 0, greedy=True)
         correct = [self.task.reward(p, t) > 0 for p, t in zip(prompts, texts)]
-        return {"correct": int(sum(correct)), "n": len(prompts), "response_tokens": sum(len(r) for r in gen.response_ids)}
+        result = {"correct": int(sum(correct)), "n": len(prompts), "response_tokens": sum(len(r) for r in out["response_ids"])}
+        if "agent" in out:
+            result["agent"] = {k: sum(a[k] for a in out["agent"]) for k in out["agent"][0]}
+        return result
 
     def _failures(self) -> int:
         return 0 if self.reward_fn is None else self.reward_fn.errors + self.reward_fn.timeouts
@@ -149,3 +163,5 @@ class LMRolloutWorker(Worker):
     def close(self) -> None:
         if self.reward_fn is not None:
             self.reward_fn.close()
+        if self.agent is not None:
+            self.agent.close()

@@ -1,0 +1,157 @@
+"""The multi-turn agent loop (#26): chat formatting through the tokenizer's own template, tool-call
+parsing, the token layout of episodes with a real calculator, malformed calls as counted error
+observations, turn and token limits, the loss mask (observation tokens carry no loss, ratio, KL or
+entropy; single-turn results unchanged), SFT on multi-turn traces, and a GRPO run with tools end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from rlweave.agents.chat import observation_ids, parse_tool_calls  # noqa: E402
+from rlweave.agents.loop import AgentLoop, agent_stats  # noqa: E402
+from rlweave.agents.tools import make_toolbox  # noqa: E402
+from rlweave.generation.result import Generation  # noqa: E402
+from rlweave.models.causal_lm import build_causal_lm, train_tokenizer  # noqa: E402
+from rlweave.models.chat_template import add_chat_template, encode_conversation, render  # noqa: E402
+
+CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tok():
+    corpus = ["What is 1234 * 5678? The answer is 7006652. calculator expression arguments name"] * 20
+    return add_chat_template(train_tokenizer(corpus, vocab_size=300))
+
+
+@pytest.fixture()
+def box():
+    b = make_toolbox(["calculator"])
+    yield b
+    b.close()
+
+
+class Scripted:
+    """A stand-in policy replaying fixed assistant turns (canonical tokens + the stop token), so the
+    layout the loop builds can be compared token for token with the template's rendering. Every
+    other part (tools, template, parser, masks) is the real one."""
+
+    version = 0
+
+    def __init__(self, tok, turns: list[str], close: bool = True):
+        self.tok, self.turns, self.close, self.k = tok, turns, close, 0
+
+    def generate_ids(self, prompt_ids, n=1, seed=0, greedy=False, stop_ids=None, max_new_tokens=None):
+        text = self.turns[min(self.k, len(self.turns) - 1)]
+        self.k += 1
+        ids = self.tok(text, add_special_tokens=False)["input_ids"] + ([stop_ids[0]] if self.close else [])
+        rows = [p for p in prompt_ids for _ in range(n)]
+        return Generation(rows, [list(ids) for _ in rows], [[-0.25] * len(ids) for _ in rows], [self.close] * len(rows),
+                          [i // n for i in range(len(rows))])
+
+
+QUESTION = [{"role": "user", "content": "What is 1234 * 5678?"}]
+
+
+# --------------------------------------------------------------------------- chat formatting
+def test_tool_calls_parse_and_malformed_ones_carry_an_error():
+    good, args_str = parse_tool_calls("x " + CALL % "1+1" + ' <tool_call>{"name": "search", "arguments": "{\\"q\\": 1}"}</tool_call>')
+    assert (good.name, good.arguments, good.parse_error) == ("calculator", {"expression": "1+1"}, None)
+    assert (args_str.name, args_str.arguments) == ("search", {"q": 1})
+    assert parse_tool_calls("The answer is 4.") == []
+    (bad,) = parse_tool_calls('<tool_call>{"name": "calculator", "arguments": {</tool_call>')
+    assert bad.parse_error and bad.arguments is None
+    (nameless,) = parse_tool_calls('<tool_call>{"arguments": {}}</tool_call>')
+    assert "name" in nameless.parse_error
+    (unclosed,) = parse_tool_calls('<tool_call>{"name": "calculator"')
+    assert "never closed" in unclosed.parse_error
+
+
+def test_conversation_mask_from_prefixes_equals_the_templates_generation_markers(tok, box):
+    messages = QUESTION + [
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "1234 * 5678"}}}]},
+        {"role": "tool", "name": "calculator", "content": "7006652"},
+        {"role": "assistant", "content": "The answer is 7006652."}]
+    ids, mask = encode_conversation(tok, messages, box.specs())
+    full = render(tok, messages, box.specs())
+    assert ids == tok(full, add_special_tokens=False)["input_ids"]
+    marked = tok.apply_chat_template(messages, tools=box.specs(), return_dict=True, return_assistant_tokens_mask=True)
+    assert marked["input_ids"] == ids and marked["assistant_masks"] == [int(m) for m in mask]
+    learnt = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert learnt == CALL % "1234 * 5678" + "<|im_end|>The answer is 7006652.<|im_end|>"
+
+
+# --------------------------------------------------------------------------- the loop
+def test_episode_with_the_calculator_has_the_templates_token_layout(tok, box):
+    policy = Scripted(tok, [CALL % "1234 * 5678", "The answer is 7006652."])
+    (t,) = AgentLoop(policy, tok, box, max_turns=4, max_tokens=400).run([QUESTION])
+    assert (t.turns, t.finished, t.stop, t.final_text) == (2, True, "answer", "The answer is 7006652.")
+    assert [(c["name"], c["arguments"], c["error"]) for c in t.tool_calls] == [("calculator", {"expression": "1234 * 5678"}, None)]
+    # the rendered conversation's tokens are exactly prompt + response
+    full = tok(render(tok, t.messages, box.specs()), add_special_tokens=False)["input_ids"]
+    assert full[: len(t.prompt_ids) + len(t.response_ids)] == t.prompt_ids + t.response_ids
+    assert tok.decode(full[len(t.prompt_ids) + len(t.response_ids):]) == "\n"  # the template's text after the last turn
+    # model tokens are in the loss with their log-probs; the observation is context only
+    obs = [i for i, m in zip(t.response_ids, t.loss_mask) if not m]
+    assert tok.decode(obs) == "\n<|im_start|>user\n<tool_response>\n7006652\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert all((lp == 0.0) != bool(m) for lp, m in zip(t.logprobs, t.loss_mask))
+    assert len(t.response_ids) == len(t.loss_mask) == len(t.logprobs)
+
+
+def test_malformed_and_unknown_calls_become_error_observations_and_are_counted(tok, box):
+    policy = Scripted(tok, ['<tool_call>{"name": "calculator", "arguments": {</tool_call>',
+                            '<tool_call>{"name": "wolfram", "arguments": {}}</tool_call>', "The answer is 1."])
+    (t,) = AgentLoop(policy, tok, box, max_turns=5, max_tokens=400).run([QUESTION])
+    assert t.finished and t.turns == 3
+    assert [c["error"] for c in t.tool_calls] == ["invalid_json", "unknown_tool"]
+    errors = [m["content"] for m in t.messages if m["role"] == "tool"]
+    assert all(e.startswith("error:") for e in errors) and "wolfram" in errors[1]
+    stats = agent_stats([t])
+    assert (stats["errors_invalid_json"], stats["errors_unknown_tool"], stats["tool_calls"]) == (1, 1, 2)
+    assert (stats["turns"], stats["parsed_turns"]) == (3, 2)  # the invalid JSON turn does not parse
+    assert box.counts["invalid_json"] == 1 and box.counts["unknown_tool"] == 1
+
+
+def test_turn_and_token_limits_hold(tok, box):
+    (t,) = AgentLoop(Scripted(tok, [CALL % "1+1"]), tok, box, max_turns=3, max_tokens=1000).run([QUESTION])
+    assert (t.turns, t.finished, t.stop, len(t.tool_calls)) == (3, False, "max_turns", 2)  # the last turn's call is not run
+    # a random model: each turn within max_turn_tokens, each episode within max_tokens, n per question
+    model = build_causal_lm(len(tok), "qwen3", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                            intermediate_size=64, max_positions=512, seed=0)
+    from rlweave.generation.hf_generator import HFGenerator
+
+    loop = AgentLoop(HFGenerator(model, tok, max_new_tokens=8), tok, box, max_turns=3, max_tokens=20, max_turn_tokens=8)
+    trajs = loop.run([QUESTION, [{"role": "user", "content": "What is 2 * 3?"}]], n=3, seed=1)
+    assert len(trajs) == 6 and trajs[0].prompt_ids == trajs[2].prompt_ids != trajs[3].prompt_ids
+    for t in trajs:
+        assert len(t.response_ids) <= 20 and 1 <= t.turns <= 3
+        assert sum(t.loss_mask) <= 8 * t.turns
+        assert t.stop in ("answer", "max_turns", "max_tokens", "turn_truncated")
+
+
+def test_observation_suffix_refuses_a_template_that_rewrites_history(tok, box):
+    messages = QUESTION + [{"role": "assistant", "content": CALL % "1+1"}]
+    obs = [{"role": "tool", "name": "calculator", "content": "2"}]
+    assert tok.decode(observation_ids(tok, messages, obs, box.specs())).startswith("\n<|im_start|>user\n<tool_response>")
+
+    class Rewriting:  # renders the first user turn differently once tool results follow
+        def __init__(self, inner):
+            self.inner = inner
+            self.chat_template = inner.chat_template
+
+        def apply_chat_template(self, msgs, **kw):
+            text = self.inner.apply_chat_template(msgs, **kw)
+            return text.replace("1234", "4321") if any(m["role"] == "tool" for m in msgs) else text
+
+        def get_vocab(self):
+            return self.inner.get_vocab()
+
+        eos_token = property(lambda self: self.inner.eos_token)
+
+    with pytest.raises(RuntimeError, match="rewrites history"):
+        observation_ids(Rewriting(tok), messages, obs, box.specs())
