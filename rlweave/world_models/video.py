@@ -104,7 +104,7 @@ def real_vs_imagined(model: WorldModel, act: Callable[[np.ndarray], np.ndarray],
 def _side_by_side(left: np.ndarray, right: np.ndarray, gap: int = 4) -> np.ndarray:
     h = max(left.shape[0], right.shape[0])
     pad = lambda im: np.pad(im, ((0, h - im.shape[0]), (0, 0), (0, 0)))  # noqa: E731
-    return np.concatenate([pad(left), np.full((h, gap, 3), 255, np.uint8), pad(right)], axis=1)
+    return np.concatenate([pad(left), np.full((h, gap, 3), 32, np.uint8), pad(right)], axis=1)
 
 
 def write_real_vs_imagined(path: str | Path, model: WorldModel, act: Callable[[np.ndarray], np.ndarray],
