@@ -180,3 +180,11 @@ def test_refuses_without_isolation_unless_allowed(monkeypatch):
         Sandbox(LIMITS).run("print(1)")
     res = Sandbox(LIMITS, allow_unisolated=True).run("print(1)")
     assert res.ok and not res.isolated and res.stdout == "1\n"
+
+
+def test_stdin_is_fed_and_a_broken_setup_is_refused_with_its_reason():
+    res = Sandbox(LIMITS, allow_unisolated=PROBLEM is not None).run("import sys; print(sys.stdin.read().upper())", stdin="abc")
+    assert res.ok and res.stdout == "ABC\n"
+    if PROBLEM is None:  # the probe with this interpreter fails, and says why
+        with pytest.raises(SandboxUnavailable, match="sandbox isolation unavailable: .*no-such-python"):
+            Sandbox(LIMITS, python="/no-such-python").run("print(1)")

@@ -41,6 +41,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from typing import Any
@@ -207,6 +208,8 @@ def isolation_problem(python: str = sys.executable) -> str | None:
     sb = Sandbox(SandboxLimits(cpu_s=5, wall_s=20, output_chars=2000), python=python)
     try:
         res = sb._run_isolated("import socket\ntry:\n    socket.create_connection(('127.0.0.1', 9), 1)\nexcept OSError:\n    pass\n", None)
+    except SandboxUnavailable as exc:
+        return str(exc)
     except OSError as exc:
         return f"unshare failed to start: {exc}"
     if res.exit_code != 0:
@@ -264,7 +267,7 @@ class Sandbox:
     def _run(self, code: str, stdin: str | None, isolated: bool) -> SandboxResult:
         lim = self.limits
         scratch = tempfile.mkdtemp(prefix="rlweave-sandbox-")
-        cgroup = _PidsCgroup.create(lim.nproc + 2)  # + the namespace's init (unshare) and the bootstrap
+        cgroup = _PidsCgroup.create(lim.nproc + 2)  # + our init and the program itself
         try:
             with open(os.path.join(scratch, "main.py"), "w") as f:
                 f.write(code)
@@ -275,13 +278,16 @@ class Sandbox:
                 argv = [self.python, "-I", "-S", os.path.abspath(__file__), "--boot", json.dumps(spec), str(status_w)]
                 if isolated:
                     argv = (_unshare_argv() or []) + argv
-                return _communicate(argv, self._env(scratch), scratch, stdin, lim, isolated, status_r, status_w)
+                res = _communicate(argv, self._env(scratch), scratch, stdin, lim, isolated, status_r, status_w)
             finally:
                 os.close(status_r)
         finally:
             if cgroup is not None:
                 cgroup.remove()
             shutil.rmtree(scratch, ignore_errors=True)
+        if res.exit_code == SETUP_FAILED_EXIT and SETUP_FAILED_MARK in res.stderr:
+            raise SandboxUnavailable("sandbox setup failed: " + res.stderr.split(SETUP_FAILED_MARK, 1)[1].strip()[:300])
+        return res
 
 
 def _communicate(argv: list[str], env: dict[str, str], cwd: str, stdin: str | None, lim: SandboxLimits,
@@ -295,13 +301,8 @@ def _communicate(argv: list[str], env: dict[str, str], cwd: str, stdin: str | No
                                 start_new_session=True, close_fds=True, pass_fds=(status_w,))
     finally:
         os.close(status_w)
-    if stdin is not None:
-        try:
-            assert proc.stdin is not None
-            proc.stdin.write(stdin.encode()[: 1 << 20])
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
+    if stdin is not None:  # fed by a thread: a program that does not read must not block us past the limit
+        threading.Thread(target=_feed, args=(proc.stdin, stdin.encode()[: 1 << 20]), daemon=True).start()
     caps = {proc.stdout: _Capture(lim.output_chars), proc.stderr: _Capture(lim.output_chars)}
     sel = selectors.DefaultSelector()
     for stream in caps:
@@ -344,6 +345,14 @@ def _communicate(argv: list[str], env: dict[str, str], cwd: str, stdin: str | No
     out, err = caps[proc.stdout], caps[proc.stderr]
     return SandboxResult(stdout=out.text(), stderr=err.text(), exit_code=code, timed_out=timed_out,
                          wall_s=time.monotonic() - start, truncated=bool(out.dropped or err.dropped), isolated=isolated)
+
+
+def _feed(pipe: Any, data: bytes) -> None:
+    try:
+        pipe.write(data)
+        pipe.close()
+    except (BrokenPipeError, ValueError, OSError):
+        pass
 
 
 def _kill_session(proc: subprocess.Popen) -> None:
@@ -418,14 +427,30 @@ def _drop_privileges(libc: ctypes.CDLL) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
 
 
-def _set_limits(lim: dict[str, Any]) -> None:
+def _tasks_of_uid(uid: int) -> int:
+    """Threads the user runs now: what ``RLIMIT_NPROC`` counts outside a user namespace of our own."""
+    n = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    n += len(os.listdir(f"/proc/{entry}/task"))
+            except OSError:
+                pass
+    return n
+
+
+def _set_limits(lim: dict[str, Any], isolated: bool) -> None:
+    """The run's rlimits. ``RLIMIT_NPROC`` counts the user's tasks in its user namespace: in ours only the
+    run's, unisolated every task of the user, so there the limit is the user's current count plus ``nproc``."""
     mb = 1 << 20
     cpu = max(1, int(round(lim["cpu_s"])))
+    nproc = lim["nproc"] if isolated or os.getuid() == 0 else lim["nproc"] + _tasks_of_uid(os.getuid())
     for res, soft, hard in ((resource.RLIMIT_CPU, cpu, cpu + 1),
                             (resource.RLIMIT_AS, lim["memory_mb"] * mb, lim["memory_mb"] * mb),
                             (resource.RLIMIT_FSIZE, lim["fsize_mb"] * mb, lim["fsize_mb"] * mb),
                             (resource.RLIMIT_NOFILE, lim["nofile"], lim["nofile"]),
-                            (resource.RLIMIT_NPROC, lim["nproc"], lim["nproc"]),
+                            (resource.RLIMIT_NPROC, nproc, nproc),
                             (resource.RLIMIT_CORE, 0, 0)):
         resource.setrlimit(res, (soft, hard))
 
@@ -454,7 +479,7 @@ def _boot(spec: dict[str, Any], status_fd: int) -> None:
     child = os.fork()
     if child == 0:
         try:
-            _set_limits(lim)
+            _set_limits(lim, spec["isolated"])
             if spec["isolated"]:
                 _drop_privileges(libc)
             os.chdir(scratch)

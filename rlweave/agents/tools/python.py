@@ -13,7 +13,7 @@ import dataclasses
 import threading
 from typing import Any
 
-from rlweave.agents.sandbox import SETUP_FAILED_MARK, Sandbox, SandboxLimits, SandboxResult, SandboxUnavailable
+from rlweave.agents.sandbox import Sandbox, SandboxLimits, SandboxResult, SandboxUnavailable
 from rlweave.agents.tools.base import Tool, ToolConfigError, ToolError, ToolSpec, register_tool
 
 
@@ -47,9 +47,10 @@ class PythonTool(Tool):
         self._slots = threading.BoundedSemaphore(max(1, int(max_concurrency)))  # any event loop, any thread
 
     async def run(self, arguments: dict[str, Any]) -> str:
-        res = await asyncio.to_thread(self._run_in_slot, arguments["code"])
-        if SETUP_FAILED_MARK in res.stderr:
-            raise ToolError("the sandbox could not start: " + res.stderr.split(SETUP_FAILED_MARK, 1)[1].strip())
+        try:
+            res = await asyncio.to_thread(self._run_in_slot, arguments["code"])
+        except SandboxUnavailable as exc:
+            raise ToolError(str(exc)) from None
         return format_result(res)
 
     def _run_in_slot(self, code: str) -> SandboxResult:
