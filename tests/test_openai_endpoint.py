@@ -23,7 +23,7 @@ from rlweave.agents.tasks.prompts import final_answer, initial_messages, tool_ca
 from rlweave.envs.text_tasks import Prompt
 from rlweave.generation.hf_generator import HFGenerator
 from rlweave.models.causal_lm import CausalLMPolicy, build_causal_lm, response_batch, train_tokenizer
-from rlweave.models.chat_template import add_chat_template, encode_conversation, render_text
+from rlweave.models.chat_template import add_chat_template, encode_conversation
 
 QUESTION = "What is 1234 * 5678?"
 PROMPT = Prompt(id="q0", text=QUESTION, answer="7006652", meta={"tools": ["calculator"]})
@@ -41,7 +41,8 @@ def policy():
     """(tokenizer, model) where the model has learnt the expert's calculator episode by heart."""
     torch.manual_seed(0)
     expert = _expert()
-    tok = add_chat_template(train_tokenizer([render_text(expert, TOOLS), json.dumps(TOOLS)] * 2, vocab_size=700))
+    corpus = [json.dumps(TOOLS)] + [json.dumps(m) for m in expert]
+    tok = add_chat_template(train_tokenizer(corpus * 2, vocab_size=700))
     ids, mask = encode_conversation(tok, expert, TOOLS)
     model = build_causal_lm(len(tok), hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
                             max_positions=512, seed=0)
