@@ -368,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rlweave.serving.commands import add_serving_commands
 
     add_serving_commands(sub)  # serve
+    from rlweave.data.lerobot_cli import add_lerobot_commands
+
+    add_lerobot_commands(sub)  # export-lerobot
     from rlweave.world_models.cli import add_commands as add_world_model_commands
 
     add_world_model_commands(sub)  # train-world-model, world-model-video

@@ -1,0 +1,417 @@
+"""Robot episodes in the LeRobot dataset format (v3.0): written from rlweave datasets, read back as
+rlweave datasets for the offline and supervised recipes.
+
+Why this format: it is what robot-learning code reads and writes (LeRobot's recorders, openpi's
+and others' fine-tuning), so episodes rlweave collects (from a simulator now, from a robot later)
+can be used elsewhere, and theirs here. The layout followed is LeRobot's ``v3.0``::
+
+    meta/info.json                                  codebase_version, fps, features, totals, paths
+    meta/stats.json                                 per feature: min, max, mean, std, count, q01..q99
+    meta/tasks.parquet                              task string (index) -> task_index
+    meta/episodes/chunk-000/file-000.parquet        one row per episode: length, tasks, where its rows are, its stats
+    data/chunk-000/file-000.parquet                 one row per frame (episodes concatenated; a new file past
+                                                    data_files_size_in_mb, a new chunk every chunks_size files)
+
+Frames hold ``observation.state`` (float vector), camera images as ``image`` features
+(``observation.images.<camera>``: PNG bytes in the parquet, lossless, the layout LeRobot writes
+when videos are off), ``action``, ``next.reward``, ``next.done``, ``next.success`` where the env
+reports success, and the standard ``timestamp``/``frame_index``/``episode_index``/``index``/
+``task_index``. The instruction of a manipulation observation becomes the frame's task. rlweave
+also writes ``next.terminated`` (termination, as opposed to a time limit: what bootstrapping needs)
+and, in ``info.json``, an ``rlweave`` entry mapping features back to observation leaves.
+
+Read back (:class:`LeRobotEpisodes`, the interface rlweave's dataset readers use): a frame's
+next observation is the next frame's; the last frame's is its own, as LeRobot's own RL buffer
+does (the format stores no final observation).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import gymnasium as gym
+import numpy as np
+
+from rlweave.data.datasets import DatasetError
+
+__all__ = ["CODEBASE_VERSION", "LeRobotEpisodes", "LeRobotEpisode", "is_lerobot_dataset", "write_lerobot_dataset",
+           "export_lerobot", "LeRobotFormatError"]
+
+CODEBASE_VERSION = "v3.0"
+INFO_PATH = "meta/info.json"
+STATS_PATH = "meta/stats.json"
+TASKS_PATH = "meta/tasks.parquet"
+CHUNK_FILE = "chunk-{chunk_index:03d}/file-{file_index:03d}"
+DATA_PATH = "data/" + CHUNK_FILE + ".parquet"
+EPISODES_PATH = "meta/episodes/" + CHUNK_FILE + ".parquet"
+VIDEO_PATH = "videos/{video_key}/" + CHUNK_FILE + ".mp4"
+CHUNKS_SIZE = 1000  # files per chunk folder
+DATA_FILE_MB = 100  # a data file is closed past this size
+QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
+INSTRUCTION_LEAF = "instruction"
+_INDEX_FEATURES = {"timestamp": "float32", "frame_index": "int64", "episode_index": "int64", "index": "int64",
+                   "task_index": "int64"}
+
+
+class LeRobotFormatError(DatasetError):
+    """A folder that is not a readable LeRobot v3 dataset, or episodes that cannot be written as one."""
+
+
+def is_lerobot_dataset(path: str | Path) -> bool:
+    return (Path(path) / INFO_PATH).is_file()
+
+
+# ---------------------------------------------------------------------------------------- episodes
+@dataclass
+class LeRobotEpisode:
+    """One episode as rlweave's readers take it (Minari's episode fields): ``observations`` has one
+    row more than ``actions`` (see the module docstring for the last one)."""
+
+    id: int
+    observations: Any
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    infos: dict
+    task: str
+
+
+def _feature_of_leaf(leaf: str | None, shape: tuple, dtype: np.dtype) -> tuple[str, dict]:
+    """The LeRobot feature of one observation leaf (None: the observation is one array)."""
+    if dtype == np.uint8 and len(shape) == 3 and shape[-1] == 3:
+        return f"observation.images.{leaf or 'image'}", {"dtype": "image", "shape": list(shape),
+                                                         "names": ["height", "width", "channels"]}
+    if len(shape) != 1:
+        raise LeRobotFormatError(f"observation leaf {leaf or 'observation'}: shape {shape} is neither a vector nor an RGB image")
+    name = "observation.state" if leaf in (None, "state") else f"observation.{leaf}"
+    return name, {"dtype": "float32", "shape": [int(shape[0])], "names": None}
+
+
+def _png(image: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(image)).save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def _stats(values: np.ndarray, image: bool = False) -> dict:
+    """LeRobot's per-feature statistics of ``values`` [N, ...]: over frames (vectors) or over frames
+    and pixels per channel, in [0, 1], shaped [C, 1, 1] (images)."""
+    x = values.astype(np.float64)
+    if image:
+        x = x.reshape(-1, x.shape[-1]) / 255.0
+    else:
+        x = x.reshape(len(x), -1)
+    out = {"min": x.min(0), "max": x.max(0), "mean": x.mean(0), "std": x.std(0), "count": np.array([len(values)])}
+    for q in QUANTILES:
+        out[f"q{int(round(q * 100)):02d}"] = np.quantile(x, q, axis=0)
+    if image:
+        out = {k: (v if k == "count" else v.reshape(-1, 1, 1)) for k, v in out.items()}
+    return {k: v.tolist() for k, v in out.items()}
+
+
+def write_lerobot_dataset(episodes: Iterable[LeRobotEpisode], out: str | Path, observation_space: gym.Space,
+                          action_space: gym.Space, fps: int, robot_type: str | None = None,
+                          data_file_mb: float = DATA_FILE_MB) -> dict:
+    """Writes ``episodes`` as a LeRobot v3 dataset folder at ``out`` (which must not exist).
+    Returns the totals and the feature names written."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out)
+    if out.exists():
+        raise LeRobotFormatError(f"{out}: already exists; choose another -o")
+    leaves = dict(observation_space.spaces) if isinstance(observation_space, gym.spaces.Dict) else {None: observation_space}
+    instruction_length = None
+    obs_features: dict[str, tuple[str | None, dict]] = {}
+    for leaf, space in leaves.items():
+        if leaf == INSTRUCTION_LEAF:
+            instruction_length = int(space.shape[0])
+            continue
+        name, ft = _feature_of_leaf(leaf, tuple(space.shape), np.dtype(space.dtype))
+        obs_features[name] = (leaf, ft)
+    act_shape = tuple(getattr(action_space, "shape", ()) or (1,))
+    features: dict[str, dict] = {name: ft for name, (_, ft) in obs_features.items()}
+    features["action"] = {"dtype": "float32", "shape": [int(np.prod(act_shape))], "names": None}
+    features["next.reward"] = {"dtype": "float32", "shape": [1], "names": None}
+    features["next.done"] = {"dtype": "bool", "shape": [1], "names": None}
+    features["next.terminated"] = {"dtype": "bool", "shape": [1], "names": None}
+    features.update({k: {"dtype": d, "shape": [1], "names": None} for k, d in _INDEX_FEATURES.items()})
+
+    tasks: dict[str, int] = {}
+    episode_rows: list[dict] = []
+    columns_all: dict[str, list] = {}
+    has_success = None
+    writer, file_rows, chunk_index, file_index, total = None, 0, 0, 0, 0
+    out.mkdir(parents=True)
+    try:
+        for ep_index, ep in enumerate(episodes):
+            n = len(ep.actions)
+            if n == 0:
+                continue
+            success = ep.infos.get("success") if ep.infos else None
+            if has_success is None:
+                has_success = success is not None
+                if has_success:
+                    features = {**{k: v for k, v in features.items() if k not in _INDEX_FEATURES},
+                                "next.success": {"dtype": "bool", "shape": [1], "names": None},
+                                **{k: v for k, v in features.items() if k in _INDEX_FEATURES}}
+            task_index = tasks.setdefault(ep.task, len(tasks))
+            cols: dict[str, Any] = {}
+            for name, (leaf, ft) in obs_features.items():
+                values = np.asarray(ep.observations if leaf is None else ep.observations[leaf])[:n]
+                cols[name] = values
+            cols["action"] = np.asarray(ep.actions, dtype=np.float32).reshape(n, -1)
+            cols["next.reward"] = np.asarray(ep.rewards, dtype=np.float32).reshape(n)
+            term = np.asarray(ep.terminations, dtype=bool).reshape(n)
+            cols["next.done"] = term | np.asarray(ep.truncations, dtype=bool).reshape(n)
+            cols["next.terminated"] = term
+            if has_success:
+                flags = np.asarray(success if success is not None else np.zeros(n), dtype=bool).reshape(-1)
+                cols["next.success"] = flags[-n:]  # Minari keeps the reset's info first: the step infos are the last n
+            frame = np.arange(n, dtype=np.int64)
+            cols["timestamp"] = (frame / float(fps)).astype(np.float32)
+            cols["frame_index"] = frame
+            cols["episode_index"] = np.full(n, ep_index, dtype=np.int64)
+            cols["index"] = total + frame
+            cols["task_index"] = np.full(n, task_index, dtype=np.int64)
+            table = _frames_table(cols, features, pa)
+            if writer is not None and file_rows and writer_bytes(writer) > data_file_mb * 1024 * 1024:
+                writer.close()
+                writer, file_rows = None, 0
+                file_index += 1
+                if file_index == CHUNKS_SIZE:
+                    chunk_index, file_index = chunk_index + 1, 0
+            if writer is None:
+                path = out / DATA_PATH.format(chunk_index=chunk_index, file_index=file_index)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                writer = pq.ParquetWriter(path, table.schema, compression="snappy")
+            writer.write_table(table)
+            ep_stats = {name: _stats(v, features[name]["dtype"] == "image") for name, v in cols.items()}
+            for name, v in cols.items():
+                columns_all.setdefault(name, []).append(v)
+            row = {"episode_index": ep_index, "tasks": [ep.task], "length": n, "data/chunk_index": chunk_index,
+                   "data/file_index": file_index, "dataset_from_index": total, "dataset_to_index": total + n,
+                   "meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0}
+            row.update({f"stats/{name}/{k}": v for name, s in ep_stats.items() for k, v in s.items()})
+            episode_rows.append(row)
+            file_rows += n
+            total += n
+    except BaseException:
+        import shutil
+
+        if writer is not None:
+            writer.close()
+        shutil.rmtree(out, ignore_errors=True)  # no half-written dataset left behind
+        raise
+    if writer is not None:
+        writer.close()
+    if not episode_rows:
+        raise LeRobotFormatError(f"{out}: no episode with a step to write")
+    stats = {name: _stats(np.concatenate(vs), features[name]["dtype"] == "image") for name, vs in columns_all.items()}
+    episodes_path = out / EPISODES_PATH.format(chunk_index=0, file_index=0)
+    episodes_path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(episode_rows), episodes_path, compression="snappy")
+    pd.DataFrame({"task_index": list(tasks.values())}, index=pd.Index(list(tasks), name=None)).to_parquet(out / TASKS_PATH)
+    info = {
+        "codebase_version": CODEBASE_VERSION, "robot_type": robot_type, "total_episodes": len(episode_rows),
+        "total_frames": total, "total_tasks": len(tasks), "chunks_size": CHUNKS_SIZE,
+        "data_files_size_in_mb": int(data_file_mb), "video_files_size_in_mb": 200, "fps": int(fps),
+        "splits": {"train": f"0:{len(episode_rows)}"}, "data_path": DATA_PATH, "video_path": None,
+        "features": features,
+        "rlweave": {"observation": "dict" if isinstance(observation_space, gym.spaces.Dict) else "array",
+                    "leaves": {name: leaf for name, (leaf, _) in obs_features.items()},
+                    "instruction_length": instruction_length, "action_shape": list(act_shape)},
+    }
+    (out / INFO_PATH).write_text(json.dumps(info, indent=4))
+    (out / STATS_PATH).write_text(json.dumps(stats, indent=4))
+    return {"episodes": len(episode_rows), "frames": total, "tasks": len(tasks), "fps": int(fps),
+            "features": sorted(features), "path": str(out)}
+
+
+def writer_bytes(writer: Any) -> int:
+    """Bytes a parquet writer has put in its file so far."""
+    return Path(writer.where).stat().st_size if isinstance(writer.where, (str, Path)) else 0
+
+
+def _frames_table(cols: dict[str, np.ndarray], features: dict[str, dict], pa: Any) -> Any:
+    """One episode's frames as an arrow table with the types LeRobot's reader maps its features to
+    (``datasets``: fixed-size lists for vectors, ``{bytes, path}`` structs for images)."""
+    arrays, names = [], []
+    for name in features:
+        if name not in cols:
+            continue
+        ft, v = features[name], cols[name]
+        if ft["dtype"] == "image":
+            arr = pa.StructArray.from_arrays([pa.array([_png(img) for img in v], pa.binary()),
+                                              pa.array([None] * len(v), pa.string())], names=["bytes", "path"])
+        elif v.ndim == 2 and list(ft["shape"]) != [1]:  # a shape-(1,) feature is a scalar column in LeRobot
+            arr = pa.FixedSizeListArray.from_arrays(pa.array(v.astype(np.float32).reshape(-1)), v.shape[1])
+        elif v.ndim == 2:
+            arr = pa.array(v.reshape(-1).astype(np.float32))
+        else:
+            arr = pa.array(v)
+        arrays.append(arr)
+        names.append(name)
+    return pa.Table.from_arrays(arrays, names=names)
+
+
+# ---------------------------------------------------------------------------------------- reading
+class LeRobotEpisodes:
+    """A LeRobot v3 dataset folder read as rlweave's readers read a Minari dataset:
+    ``observation_space``, ``action_space``, ``total_episodes``, ``iterate_episodes()``. Foreign
+    datasets (no ``rlweave`` entry in info.json) map ``observation.state`` to ``state`` and
+    ``observation.images.<camera>`` to ``<camera>``; one observation feature alone is the array
+    observation."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            self.info = json.loads((self.path / INFO_PATH).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise LeRobotFormatError(f"dataset {self.path}: cannot read {INFO_PATH}: {e}") from None
+        version = str(self.info.get("codebase_version", ""))
+        if not version.startswith("v3."):
+            raise LeRobotFormatError(f"dataset {self.path}: LeRobot codebase_version {version or '?'}; rlweave reads v3.x")
+        feats = self.info["features"]
+        if any(ft.get("dtype") == "video" for ft in feats.values()):
+            raise LeRobotFormatError(f"dataset {self.path}: video features are not read yet (images in parquet are)")
+        meta = self.info.get("rlweave") or {}
+        obs_names = [k for k in feats if k.startswith("observation.")]
+        if "action" not in feats or not obs_names:
+            raise LeRobotFormatError(f"dataset {self.path}: needs an 'action' and at least one 'observation.*' feature")
+        self.leaves: dict[str, str | None] = meta.get("leaves") or (
+            {obs_names[0]: None} if len(obs_names) == 1 else {k: k.rsplit(".", 1)[1] for k in obs_names})
+        self.instruction_length = meta.get("instruction_length")
+        spaces = {}
+        for name, leaf in self.leaves.items():
+            ft = feats[name]
+            shape = tuple(ft["shape"])
+            spaces[leaf] = (gym.spaces.Box(0, 255, shape, np.uint8) if ft["dtype"] in ("image", "video")
+                            else gym.spaces.Box(-np.inf, np.inf, shape, np.float32))
+        if self.instruction_length:
+            spaces[INSTRUCTION_LEAF] = gym.spaces.Box(0, 255, (int(self.instruction_length),), np.uint8)
+        self.observation_space = spaces[None] if None in spaces else gym.spaces.Dict(spaces)
+        act_shape = tuple(meta.get("action_shape") or feats["action"]["shape"])
+        self.action_space = gym.spaces.Box(-np.inf, np.inf, act_shape, np.float32)
+        self.total_episodes = int(self.info["total_episodes"])
+        self.total_steps = int(self.info["total_frames"])
+
+    def _tasks(self) -> dict[int, str]:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(self.path / TASKS_PATH)
+        index_col = next((c for c in table.column_names if c != "task_index"), None)
+        return {int(i): str(t) for i, t in zip(table.column("task_index").to_pylist(), table.column(index_col).to_pylist())}
+
+    def _frames(self) -> dict[str, np.ndarray]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        files = sorted((self.path / "data").glob("*/*.parquet"))
+        if not files:
+            raise LeRobotFormatError(f"dataset {self.path}: no data/*/*.parquet files")
+        table = pa.concat_tables([pq.read_table(f) for f in files])
+        out: dict[str, np.ndarray] = {}
+        for name in table.column_names:
+            col = table.column(name).combine_chunks()
+            ft = self.info["features"].get(name, {})
+            if ft.get("dtype") == "image":
+                out[name] = np.stack([_decode_png(b) for b in col.field("bytes").to_pylist()])
+            elif pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type):
+                out[name] = np.stack([np.asarray(r) for r in col.to_pylist()]) if len(col) else np.zeros((0, 1))
+            else:
+                out[name] = col.to_numpy(zero_copy_only=False)
+            if ft and ft.get("dtype") != "image":  # shape-(1,) features are flat [N] here
+                shape = [] if list(ft["shape"]) == [1] else ft["shape"]
+                out[name] = out[name].reshape(len(out[name]), *shape)
+        return out
+
+    def iterate_episodes(self) -> Iterator[LeRobotEpisode]:
+        from rlweave.envs.manipulation import encode_instruction
+
+        frames = self._frames()
+        tasks = self._tasks()
+        order = np.lexsort((frames["frame_index"], frames["episode_index"]))
+        frames = {k: v[order] for k, v in frames.items()}
+        episodes, starts = np.unique(frames["episode_index"], return_index=True)
+        ends = list(starts[1:]) + [len(frames["episode_index"])]
+        for ep, a, b in zip(episodes, starts, ends):
+            n = b - a
+            task = tasks.get(int(frames["task_index"][a]), "")
+            obs = {}
+            for name, leaf in self.leaves.items():
+                v = frames[name][a:b].reshape(n, *self.observation_space[leaf].shape) if leaf is not None else \
+                    frames[name][a:b].reshape(n, *self.observation_space.shape)
+                obs[leaf] = np.concatenate([v, v[-1:]]).astype(np.uint8 if v.dtype == np.uint8 else np.float32)
+            if self.instruction_length:
+                obs[INSTRUCTION_LEAF] = np.repeat(encode_instruction(task, int(self.instruction_length))[None], n + 1, 0)
+            done = frames["next.done"][a:b].astype(bool).reshape(n) if "next.done" in frames else np.arange(n) == n - 1
+            # foreign data without next.terminated: a done frame counts as a termination
+            term = frames["next.terminated"][a:b].astype(bool).reshape(n) if "next.terminated" in frames else done
+            infos = {"success": frames["next.success"][a:b].astype(bool).reshape(n)} if "next.success" in frames else {}
+            rewards = frames["next.reward"][a:b].astype(np.float32).reshape(n) if "next.reward" in frames else np.zeros(n, np.float32)
+            yield LeRobotEpisode(int(ep), obs[None] if None in obs else obs,
+                                 frames["action"][a:b].astype(np.float32).reshape(n, *self.action_space.shape),
+                                 rewards, term, done & ~term, infos, task)
+
+
+def _decode_png(data: bytes) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+# ---------------------------------------------------------------------------------------- export
+def export_lerobot(dataset: str | Path, out: str | Path, fps: int | None = None, task: str | None = None,
+                   robot_type: str | None = None) -> dict:
+    """Writes the rlweave (Minari) dataset at ``dataset`` as a LeRobot v3 dataset at ``out``.
+    ``fps``: frames per second (default: the env's ``render_fps``, else 30); ``task``: the task
+    of episodes whose observations carry no instruction (default: the dataset's env id)."""
+    from rlweave.data.datasets import open_dataset
+
+    ds = open_dataset(dataset)
+    if isinstance(ds, LeRobotEpisodes):
+        raise LeRobotFormatError(f"{dataset}: already a LeRobot dataset")
+    env_id = _env_id(ds)
+    fps = int(fps or _env_fps(ds) or 30)
+    default_task = task or env_id or Path(dataset).name
+
+    def episodes() -> Iterator[LeRobotEpisode]:
+        from rlweave.envs.manipulation import decode_instruction
+
+        for ep in ds.iterate_episodes():
+            obs = ep.observations
+            text = default_task
+            if isinstance(obs, dict) and INSTRUCTION_LEAF in obs:
+                text = decode_instruction(np.asarray(obs[INSTRUCTION_LEAF])[0])
+            infos = getattr(ep, "infos", None) or {}
+            yield LeRobotEpisode(int(ep.id), obs, np.asarray(ep.actions), np.asarray(ep.rewards),
+                                 np.asarray(ep.terminations), np.asarray(ep.truncations),
+                                 {"success": np.asarray(infos["success"])} if "success" in infos else {}, text)
+
+    return write_lerobot_dataset(episodes(), out, ds.observation_space, ds.action_space, fps, robot_type=robot_type)
+
+
+def _env_id(ds: Any) -> str | None:
+    spec = getattr(ds, "spec", None)
+    env_spec = getattr(spec, "env_spec", None)
+    return getattr(env_spec, "id", None)
+
+
+def _env_fps(ds: Any) -> int | None:
+    """The env's ``render_fps`` from its class, without making the env."""
+    try:
+        env_spec = ds.spec.env_spec
+        creator = gym.envs.registration.load_env_creator(env_spec.entry_point)
+        fps = getattr(creator, "metadata", {}).get("render_fps")
+        return int(fps) if fps else None
+    except Exception:  # noqa: BLE001 - any failure: the caller's default
+        return None
