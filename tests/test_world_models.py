@@ -36,7 +36,7 @@ def dataset(tmp_path_factory):
 def model_dir(dataset, tmp_path_factory):
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("wm") / "model"
-    train_world_model(dataset, out, epochs=4, horizon=10, members=3, hidden=(32, 32), batch_size=64, seed=0)
+    train_world_model(dataset, out, epochs=4, horizon=10, batch_size=64, seed=0, settings={"members": 3, "hidden": (32, 32)})
     return out
 
 
@@ -99,14 +99,14 @@ def test_real_eval_env_is_the_dataset_env(model_dir):
 def test_training_lowers_prediction_error(dataset):
     torch.manual_seed(0)
     trajs, obs_space, act_space = load_trajectories(dataset)
-    train, valid = trajs.subset(range(10)).transitions(), trajs.subset(range(10, 12)).transitions()
+    train, valid = trajs.subset(range(10)), trajs.subset(range(10, 12))
     model = EnsembleWorldModel(obs_space, act_space, "Pendulum-v1", members=2, hidden=(32, 32))
-    t = {k: torch.from_numpy(v.reshape(len(v), -1) if v.ndim > 1 else v) for k, v in valid.items()}
-    model.net.fit_normalizers(*(torch.from_numpy(train[k].reshape(len(train[k]), -1) if train[k].ndim > 1 else train[k])
-                                for k in ("obs", "action", "next_obs", "reward")))
-    before = model.evaluate_one_step(t)
+    tr = {k: torch.from_numpy(v) for k, v in train.transitions().items()}
+    model.net.fit_normalizers(tr["obs"], tr["action"], tr["next_obs"], tr["reward"])
+    held = {k: torch.from_numpy(v) for k, v in valid.transitions().items()}
+    before = model.evaluate_one_step(held)
     records = model.fit(train, valid, epochs=25, batch_size=64, lr=3e-3)
-    after = model.evaluate_one_step(t)
+    after = model.evaluate_one_step(held)
     assert after["valid/obs_mse"] < 0.5 * before["valid/obs_mse"], (before, after)
     assert after["valid/loss"] == pytest.approx(min(r["valid/loss"] for r in records), rel=1e-5)  # best epoch kept
 
@@ -130,7 +130,9 @@ def test_bad_input_errors_are_one_line(model_dir, dataset, tmp_path, capsys):
         (["train-world-model", str(tmp_path)], "not a Minari dataset folder"),
         (["train-world-model", str(dataset), "-o", str(tmp_path / "m"), "--epochs", "0"], "--epochs: must be >= 1"),
         (["train-world-model", str(dataset), "-o", str(model_dir)], "already holds a world model"),
-        (["train-world-model", str(dataset), "--hidden", "a,b"], "--hidden"),
+        (["train-world-model", str(dataset), "--set", "hidden=a,b"], "--set: expected"),
+        (["train-world-model", str(dataset), "-o", str(tmp_path / "m"), "--set", "latent=8"], "has no setting(s) ['latent']"),
+        (["train-world-model", str(dataset), "-o", str(tmp_path / "m"), "--kind", "video"], "unknown world-model kind"),
         (["world-model-video", str(tmp_path)], "neither a run folder"),
     ]
     for argv, needle in cases:

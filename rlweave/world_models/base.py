@@ -32,16 +32,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
+import torch
 
-__all__ = ["WorldModel", "WorldStep", "WorldModelError", "MODEL_KINDS", "CONFIG_FILE", "load_world_model", "read_model_config"]
+__all__ = ["WorldModel", "TorchWorldModel", "WorldStep", "WorldModelError", "MODEL_KINDS", "CONFIG_FILE", "load_world_model",
+           "read_model_config", "space_to_json", "space_from_json", "is_image_space"]
 
 CONFIG_FILE = "world_model.json"
 
 # kind -> "module:Class" (imported when a folder of that kind is loaded)
 MODEL_KINDS: dict[str, str] = {
     "mlp_ensemble": "rlweave.world_models.ensemble:EnsembleWorldModel",
+    "pixel_rnn": "rlweave.world_models.pixel:PixelWorldModel",
 }
+WEIGHTS_FILE = "weights.pt"
 
 
 class WorldModelError(ValueError):
@@ -105,6 +110,47 @@ class WorldModel(ABC):
         return {k: np.stack(v, axis=1) for k, v in out.items()}
 
 
+class TorchWorldModel(WorldModel):
+    """A world model whose weights are one ``torch.nn.Module`` (``self.net``) and whose
+    constructor is ``cls(observation_space, action_space, env_id, max_episode_steps=..., **settings)``:
+    saving and loading are then the same for every such kind (config JSON + ``weights.pt``)."""
+
+    net: torch.nn.Module
+    settings: dict
+    max_episode_steps: int | None = None
+
+    def config(self) -> dict:
+        return {"kind": self.kind, "env_id": self.env_id, "max_episode_steps": self.max_episode_steps,
+                "observation_space": space_to_json(self.observation_space), "action_space": space_to_json(self.action_space),
+                **self.settings}
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save(self.net.state_dict(), path / WEIGHTS_FILE)
+        existing = read_model_config(path) if (path / CONFIG_FILE).is_file() else {}
+        (path / CONFIG_FILE).write_text(json.dumps({**existing, **self.config()}, indent=1), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TorchWorldModel":
+        cfg = read_model_config(path)
+        try:
+            spaces = space_from_json(cfg["observation_space"]), space_from_json(cfg["action_space"])
+            settings = {k: cfg[k] for k in cls.setting_names}
+            model = cls(*spaces, cfg["env_id"], max_episode_steps=cfg.get("max_episode_steps"), **settings)
+        except KeyError as e:
+            raise WorldModelError(f"world model {path}: {CONFIG_FILE} lacks {e}") from None
+        weights = Path(path) / WEIGHTS_FILE
+        if not weights.is_file():
+            raise WorldModelError(f"world model {path}: no {WEIGHTS_FILE}")
+        model.net.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+        model.net.eval()
+        model.net.requires_grad_(False)
+        return model
+
+    setting_names: tuple[str, ...] = ()  # the config keys the constructor takes back
+
+
 def read_model_config(path: str | Path) -> dict:
     """The ``world_model.json`` of the model folder ``path`` (one-line error when it is not one)."""
     file = Path(path) / CONFIG_FILE
@@ -142,3 +188,18 @@ def load_world_model(path: str | Path, cache: bool = True) -> WorldModel:
 def as_batch(x: Any, dtype=np.float32) -> np.ndarray:
     """``x`` as a contiguous numpy array of ``dtype`` (inputs arrive as lists, tensors, float64)."""
     return np.ascontiguousarray(np.asarray(x, dtype=dtype))
+
+
+def space_to_json(space: gym.spaces.Box) -> dict:
+    return {"low": np.asarray(space.low).tolist(), "high": np.asarray(space.high).tolist(),
+            "shape": list(space.shape), "dtype": str(space.dtype)}
+
+
+def space_from_json(d: dict) -> gym.spaces.Box:
+    dtype = np.dtype(d["dtype"])
+    return gym.spaces.Box(np.asarray(d["low"], dtype=dtype), np.asarray(d["high"], dtype=dtype), tuple(d["shape"]), dtype=dtype)
+
+
+def is_image_space(space: Any) -> bool:
+    """A uint8 [H, W, C] box: camera images (C = 3 per stacked frame)."""
+    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3 and space.shape[2] % 3 == 0

@@ -34,21 +34,27 @@ def cmd_train_world_model(args) -> int:
         return _fail(f"dataset {args.dataset}: no such folder (write one with: rlweave collect RECIPE --policy random "
                      "--episodes N -o DATASET)")
     out = args.out or str(Path("runs") / "world_models" / Path(args.dataset).name)
-    try:
-        hidden = tuple(int(h) for h in args.hidden.split(","))
-    except ValueError:
-        return _fail(f"--hidden: expected comma-separated layer widths like 200,200,200, got {args.hidden!r}")
+    settings = {}
+    for item in args.set or []:
+        key, eq, value = item.partition("=")
+        try:
+            if not eq or not key:
+                raise ValueError
+            parts = [int(v) for v in value.split(",")]
+        except ValueError:
+            return _fail(f"--set: expected KEY=INT or KEY=INT,INT,... (e.g. members=5, hidden=200,200,200), got {item!r}")
+        settings[key] = parts[0] if len(parts) == 1 and key != "hidden" else tuple(parts)
 
     def show(rec: dict) -> None:
         if not args.quiet:
+            extra = "".join(f", {k.split('/')[1].replace('_', ' ')} {rec[k]:.3g}" for k in ("valid/obs_mse", "valid/reward_mse") if k in rec)
             print(f"[world model] epoch {rec['epoch']:>3}: train loss {rec['train/loss']:.4f}, held-out loss "
-                  f"{rec['valid/loss']:.4f}, obs MSE {rec['valid/obs_mse']:.3g}, reward MSE {rec['valid/reward_mse']:.3g}",
-                  flush=True)
+                  f"{rec['valid/loss']:.4f}{extra}, {rec['time/epoch']:.1f} s", flush=True)
 
     try:
-        summary = train_world_model(args.dataset, out, epochs=args.epochs, horizon=args.horizon, members=args.members,
-                                    hidden=hidden, batch_size=args.batch_size, lr=args.lr, valid_fraction=args.valid_fraction,
-                                    seed=args.seed, max_steps=args.max_steps, log=show)
+        summary = train_world_model(args.dataset, out, kind=args.kind, epochs=args.epochs, horizon=args.horizon,
+                                    batch_size=args.batch_size, lr=args.lr, valid_fraction=args.valid_fraction, seed=args.seed,
+                                    max_steps=args.max_steps, settings=settings, log=show)
     except (WorldModelError, ImportError) as e:
         return _fail(str(e))
     print(json.dumps({"model": out, **summary}))
@@ -116,12 +122,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("train-world-model", help="train a world model on a Minari dataset: rlweave train-world-model DATASET -o DIR")
     s.add_argument("dataset", help="a Minari dataset folder (rlweave collect ... -o DATASET)")
     s.add_argument("-o", "--out", default=None, help="model folder to write (default runs/world_models/<dataset name>)")
-    s.add_argument("--epochs", type=int, default=50)
+    s.add_argument("--kind", default="auto", help="auto (images: pixel_rnn, else mlp_ensemble), mlp_ensemble or pixel_rnn")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="a model setting: mlp_ensemble members=5, hidden=200,200,200; pixel_rnn latent=128, width=32, seq_len=10")
+    s.add_argument("--epochs", type=int, default=None, help="default per kind: 50 (mlp_ensemble), 20 (pixel_rnn)")
     s.add_argument("--horizon", type=int, default=50, help="open-loop steps the prediction error is measured over")
-    s.add_argument("--members", type=int, default=5, help="ensemble members (disagreement = uncertainty)")
-    s.add_argument("--hidden", default="200,200,200", help="hidden layer widths, comma-separated")
-    s.add_argument("--batch-size", type=int, default=256)
-    s.add_argument("--lr", type=float, default=1e-3)
+    s.add_argument("--batch-size", type=int, default=None, help="default per kind: 256 / 32")
+    s.add_argument("--lr", type=float, default=None, help="default per kind: 1e-3 / 3e-4")
     s.add_argument("--valid-fraction", type=float, default=0.1, help="share of episodes held out")
     s.add_argument("--max-steps", type=int, default=None, help="use only the dataset's first N steps (whole episodes)")
     s.add_argument("--seed", type=int, default=0)

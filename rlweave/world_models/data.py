@@ -22,7 +22,8 @@ __all__ = ["Trajectories", "load_trajectories", "dataset_env_id"]
 
 @dataclass
 class Trajectories:
-    """Episodes of one dataset: per episode ``obs`` [T+1, *obs], ``actions`` [T, *act],
+    """Episodes of one dataset: per episode ``obs`` [T+1, *obs] (float32 states or uint8 images),
+    ``actions`` [T, act],
     ``rewards`` [T], ``terminated`` [T] (the real termination flag of each step)."""
 
     obs: list[np.ndarray]
@@ -43,28 +44,45 @@ class Trajectories:
     def transitions(self) -> dict[str, np.ndarray]:
         """Every step as one row: ``obs``, ``action``, ``next_obs``, ``reward``, ``terminated``."""
         return {
-            "obs": np.concatenate([o[:-1] for o in self.obs]),
+            "obs": np.concatenate([o[:-1] for o in self.obs]),  # state datasets (images are sampled as windows)
             "action": np.concatenate(self.actions),
             "next_obs": np.concatenate([o[1:] for o in self.obs]),
             "reward": np.concatenate(self.rewards),
             "terminated": np.concatenate(self.terminated).astype(np.float32),
         }
 
-    def windows(self, horizon: int) -> dict[str, np.ndarray]:
-        """Every start of a ``horizon``-step window that stays inside its episode and before any
-        termination: ``obs0`` [N, *obs], ``actions`` [N, H, *act], ``obs`` [N, H, *obs] (the real
-        observations after each action), ``rewards`` [N, H]."""
-        o0, acts, obs, rews = [], [], [], []
-        for o, a, r, te in zip(self.obs, self.actions, self.rewards, self.terminated):
+    def window_starts(self, horizon: int) -> np.ndarray:
+        """(episode, step) of every ``horizon``-step window that stays inside its episode and
+        ends at or before its termination: [N, 2] int64."""
+        starts = []
+        for e, (a, te) in enumerate(zip(self.actions, self.terminated)):
             end = int(np.argmax(te)) + 1 if te.any() else len(a)  # steps up to and including the end
-            for s in range(0, end - horizon + 1):
-                o0.append(o[s])
-                acts.append(a[s:s + horizon])
-                obs.append(o[s + 1:s + horizon + 1])
-                rews.append(r[s:s + horizon])
-        if not o0:
+            starts += [(e, s) for s in range(0, end - horizon + 1)]
+        return np.asarray(starts, dtype=np.int64).reshape(-1, 2)
+
+    def gather(self, starts: np.ndarray, horizon: int) -> dict[str, np.ndarray]:
+        """The windows at ``starts`` (from :meth:`window_starts`): ``obs0`` [N, *obs], ``actions``
+        [N, H, *act], ``obs`` [N, H, *obs] (the real observations after each action), ``rewards``
+        [N, H], ``terminated`` [N, H]. Copies only these windows (image datasets are large)."""
+        o0, acts, obs, rews, terms = [], [], [], [], []
+        for e, s in starts:
+            o = self.obs[e]
+            o0.append(o[s])
+            acts.append(self.actions[e][s:s + horizon])
+            obs.append(o[s + 1:s + horizon + 1])
+            rews.append(self.rewards[e][s:s + horizon])
+            terms.append(self.terminated[e][s:s + horizon])
+        return {"obs0": np.stack(o0), "actions": np.stack(acts), "obs": np.stack(obs), "rewards": np.stack(rews),
+                "terminated": np.stack(terms)}
+
+    def windows(self, horizon: int, max_windows: int | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+        """Every ``horizon``-step window (at most ``max_windows``, drawn at random), gathered."""
+        starts = self.window_starts(horizon)
+        if len(starts) == 0:
             raise WorldModelError(f"no held-out window of {horizon} steps: the held-out episodes are shorter; lower --horizon")
-        return {"obs0": np.stack(o0), "actions": np.stack(acts), "obs": np.stack(obs), "rewards": np.stack(rews)}
+        if max_windows is not None and len(starts) > max_windows:
+            starts = starts[np.sort(np.random.default_rng(seed).choice(len(starts), max_windows, replace=False))]
+        return self.gather(starts, horizon)
 
 
 def load_trajectories(path: str | Path) -> tuple[Trajectories, object, object]:
@@ -77,8 +95,8 @@ def load_trajectories(path: str | Path) -> tuple[Trajectories, object, object]:
         raise WorldModelError(str(e)) from None
     obs_space, act_space = ds.observation_space, ds.action_space
     if getattr(obs_space, "shape", None) is None or getattr(obs_space, "spaces", None) is not None:
-        raise WorldModelError(f"dataset {path}: observation space {obs_space} is not one box; the state world model "
-                              "(kind mlp_ensemble) needs flat state observations")
+        raise WorldModelError(f"dataset {path}: observation space {obs_space} is not one box; world models here take "
+                              "state vectors (kind mlp_ensemble) or camera images (kind pixel_rnn)")
     if getattr(act_space, "shape", None) is None or not hasattr(act_space, "low"):
         raise WorldModelError(f"dataset {path}: action space {act_space} is not a box; world models need continuous actions")
     parts: tuple[list, list, list, list] = ([], [], [], [])
@@ -86,7 +104,8 @@ def load_trajectories(path: str | Path) -> tuple[Trajectories, object, object]:
         n = len(ep.actions)
         if n == 0:
             continue
-        parts[0].append(np.asarray(ep.observations, dtype=np.float32)[: n + 1].reshape(n + 1, -1))
+        obs = np.asarray(ep.observations)[: n + 1]  # images stay uint8 [T+1, H, W, C]; states become float32
+        parts[0].append(obs if obs.dtype == np.uint8 else obs.astype(np.float32).reshape(n + 1, *obs_space.shape))
         parts[1].append(np.asarray(ep.actions, dtype=np.float32).reshape(n, -1))
         parts[2].append(np.asarray(ep.rewards, dtype=np.float32).reshape(n))
         parts[3].append(np.asarray(ep.terminations, dtype=bool).reshape(n))

@@ -25,9 +25,7 @@ Design (what and why):
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Callable
 
 import gymnasium as gym
@@ -36,11 +34,10 @@ import torch
 from torch import nn
 
 from rlweave.models.normalizer import RunningMeanStd
-from rlweave.world_models.base import CONFIG_FILE, WorldModel, WorldModelError, WorldStep, as_batch, read_model_config
+from rlweave.world_models.base import TorchWorldModel, WorldModelError, WorldStep, as_batch, is_image_space
+from rlweave.world_models.data import Trajectories
 
-__all__ = ["EnsembleWorldModel", "EnsembleDynamics", "space_to_json", "space_from_json"]
-
-WEIGHTS_FILE = "weights.pt"
+__all__ = ["EnsembleWorldModel", "EnsembleDynamics"]
 
 
 class EnsembleLinear(nn.Module):
@@ -90,15 +87,19 @@ class EnsembleDynamics(nn.Module):
         return out[..., : self.obs_dim], out[..., self.obs_dim], out[..., self.obs_dim + 1]
 
 
-class EnsembleWorldModel(WorldModel):
+class EnsembleWorldModel(TorchWorldModel):
     """:class:`EnsembleDynamics` behind the :class:`WorldModel` contract: the latent is the
     observation itself (``[B, obs_dim]`` float32)."""
 
     kind = "mlp_ensemble"
+    setting_names = ("members", "hidden", "member")
 
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Box, env_id: str,
                  members: int = 5, hidden: tuple[int, ...] = (200, 200, 200), member: str = "mean",
                  max_episode_steps: int | None = None, seed: int = 0):
+        if is_image_space(observation_space) or len(observation_space.shape) != 1:
+            raise WorldModelError(f"world model: kind mlp_ensemble needs state vectors, got {observation_space.dtype} "
+                                  f"{tuple(observation_space.shape)} (images: kind pixel_rnn)")
         if member not in ("mean", "random"):
             raise WorldModelError(f"world model: member must be 'mean' or 'random', got {member!r}")
         self.observation_space, self.action_space, self.env_id = observation_space, action_space, env_id
@@ -144,13 +145,13 @@ class EnsembleWorldModel(WorldModel):
                          terminated=(p_term > 0.5).numpy(), uncertainty=uncertainty.numpy().astype(np.float32))
 
     # -- training ----------------------------------------------------------------------------
-    def fit(self, train: dict[str, np.ndarray], valid: dict[str, np.ndarray], epochs: int = 50, batch_size: int = 256,
+    def fit(self, train: Trajectories, valid: Trajectories, epochs: int = 50, batch_size: int = 256,
             lr: float = 1e-3, weight_decay: float = 1e-5, seed: int = 0,
             log: Callable[[dict], None] | None = None) -> list[dict]:
-        """Trains on the transitions ``train`` (``obs``, ``action``, ``next_obs``, ``reward``,
-        ``terminated``) for ``epochs`` passes, each member on its own random batches; after each
-        epoch measures the one-step loss on ``valid`` and keeps the best epoch's weights.
-        Returns one record per epoch (also handed to ``log``)."""
+        """Trains on the transitions of ``train`` for ``epochs`` passes, each member on its own
+        random batches; after each epoch measures the one-step loss on ``valid``'s transitions and
+        keeps the best epoch's weights. Returns one record per epoch (also handed to ``log``)."""
+        train, valid = train.transitions(), valid.transitions()
         t = {k: torch.from_numpy(as_batch(v).reshape(len(v), -1) if v.ndim > 1 else as_batch(v)) for k, v in train.items()}
         v = {k: torch.from_numpy(as_batch(x).reshape(len(x), -1) if x.ndim > 1 else as_batch(x)) for k, x in valid.items()}
         n = len(t["reward"])
@@ -211,43 +212,3 @@ class EnsembleWorldModel(WorldModel):
                 "valid/obs_mse": float(np.mean((s.latent - v["next_obs"].numpy()) ** 2)),
                 "valid/reward_mse": float(np.mean((s.reward - v["reward"].numpy()) ** 2)),
                 "valid/termination_accuracy": float(np.mean(s.terminated == (v["terminated"].numpy() > 0.5)))}
-
-    # -- persistence -------------------------------------------------------------------------
-    def config(self) -> dict:
-        return {"kind": self.kind, "env_id": self.env_id, "max_episode_steps": self.max_episode_steps,
-                "observation_space": space_to_json(self.observation_space), "action_space": space_to_json(self.action_space),
-                **self.settings}
-
-    def save(self, path: str | Path) -> None:
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        torch.save(self.net.state_dict(), path / WEIGHTS_FILE)
-        existing = read_model_config(path) if (path / CONFIG_FILE).is_file() else {}
-        (path / CONFIG_FILE).write_text(json.dumps({**existing, **self.config()}, indent=1), encoding="utf-8")
-
-    @classmethod
-    def load(cls, path: str | Path) -> "EnsembleWorldModel":
-        cfg = read_model_config(path)
-        try:
-            model = cls(space_from_json(cfg["observation_space"]), space_from_json(cfg["action_space"]), cfg["env_id"],
-                        members=int(cfg["members"]), hidden=tuple(cfg["hidden"]), member=cfg.get("member", "mean"),
-                        max_episode_steps=cfg.get("max_episode_steps"))
-        except KeyError as e:
-            raise WorldModelError(f"world model {path}: {CONFIG_FILE} lacks {e}") from None
-        weights = Path(path) / WEIGHTS_FILE
-        if not weights.is_file():
-            raise WorldModelError(f"world model {path}: no {WEIGHTS_FILE}")
-        model.net.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
-        model.net.eval()
-        model.net.requires_grad_(False)
-        return model
-
-
-def space_to_json(space: gym.spaces.Box) -> dict:
-    return {"low": np.asarray(space.low).tolist(), "high": np.asarray(space.high).tolist(),
-            "shape": list(space.shape), "dtype": str(space.dtype)}
-
-
-def space_from_json(d: dict) -> gym.spaces.Box:
-    dtype = np.dtype(d["dtype"])
-    return gym.spaces.Box(np.asarray(d["low"], dtype=dtype), np.asarray(d["high"], dtype=dtype), tuple(d["shape"]), dtype=dtype)

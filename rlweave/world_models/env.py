@@ -31,9 +31,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rlweave.world_models.base import WorldModel, WorldModelError, load_world_model
+from rlweave.world_models.base import WorldModel, WorldModelError, is_image_space, load_world_model
 
-__all__ = ["WorldModelEnv", "make_env", "load_starts", "DEFAULT_HORIZON"]
+__all__ = ["WorldModelEnv", "make_env", "load_starts", "model_pixels", "DEFAULT_HORIZON"]
 
 DEFAULT_HORIZON = 50
 STARTS = {"all": "starts_all.npy", "initial": "starts_initial.npy"}
@@ -97,12 +97,15 @@ def make_env(task: str, horizon: int = DEFAULT_HORIZON, starts: str = "all", unc
     ``pixels`` and other keywords go to it). Otherwise an imagined env of ``horizon`` steps
     (``max_episode_steps``, when set, wins)."""
     model = load_world_model(task)
+    image = is_image_space(model.observation_space)
     if real:
         from rlweave.envs.gym_suite import make_env as make_gym
 
+        if image and not (pixels and pixels.get("enabled", True)):
+            pixels = model_pixels(model)  # the policy sees what the model was trained on: camera images
         return make_gym(model.env_id, pixels=pixels,
                         max_episode_steps=max_episode_steps or getattr(model, "max_episode_steps", None), **kwargs)
-    if pixels and pixels.get("enabled", True):
+    if pixels and pixels.get("enabled", True) and not image:
         raise WorldModelError(f"env.pixels: world model {task} is a state model ({model.kind}); it predicts no camera images")
     if kwargs:
         raise WorldModelError(f"env.kwargs: the world_model suite takes horizon, starts, uncertainty_penalty, member, real; "
@@ -115,3 +118,9 @@ def make_env(task: str, horizon: int = DEFAULT_HORIZON, starts: str = "all", unc
         model.member = member  # the process's shared copy: every env of the worker steps the same way
     return WorldModelEnv(model, load_starts(task, starts), horizon=max_episode_steps or horizon,
                          uncertainty_penalty=uncertainty_penalty)
+
+
+def model_pixels(model: WorldModel) -> dict:
+    """The ``env.pixels`` settings that give the real env the images a pixel model was trained on."""
+    h, w, c = model.observation_space.shape
+    return {"enabled": True, "width": int(w), "height": int(h), "frame_stack": int(c) // 3}

@@ -23,13 +23,35 @@ from typing import Callable
 
 import numpy as np
 
-from rlweave.world_models.base import WorldModel, WorldModelError
+from rlweave.world_models.base import WorldModel, WorldModelError, is_image_space
 from rlweave.world_models.data import Trajectories, dataset_env_id, load_trajectories
-from rlweave.world_models.ensemble import EnsembleWorldModel
 
-__all__ = ["train_world_model", "prediction_error", "plot_prediction_error", "MAX_STARTS"]
+__all__ = ["train_world_model", "prediction_error", "plot_prediction_error", "build_model", "KIND_DEFAULTS", "MAX_STARTS_BYTES"]
 
-MAX_STARTS = 200_000  # start states kept in the folder (a random subset beyond this)
+MAX_STARTS_BYTES = 64 << 20  # start states kept in the folder: a random subset beyond this size
+
+# kind -> (its constructor settings and their defaults, its training defaults): what --set may change
+KIND_DEFAULTS: dict[str, tuple[dict, dict]] = {
+    "mlp_ensemble": ({"members": 5, "hidden": (200, 200, 200)}, {"epochs": 50, "batch_size": 256, "lr": 1e-3}),
+    "pixel_rnn": ({"latent": 128, "width": 32, "seq_len": 10}, {"epochs": 20, "batch_size": 32, "lr": 3e-4}),
+}
+
+
+def build_model(kind: str, obs_space, act_space, env_id: str, limit: int | None, seed: int, settings: dict) -> WorldModel:
+    """A fresh model of ``kind`` (``auto``: ``pixel_rnn`` for camera images, else ``mlp_ensemble``)."""
+    if kind == "auto":
+        kind = "pixel_rnn" if is_image_space(obs_space) else "mlp_ensemble"
+    if kind not in KIND_DEFAULTS:
+        raise WorldModelError(f"--kind: unknown world-model kind {kind!r}; known: auto, {', '.join(KIND_DEFAULTS)}")
+    defaults = KIND_DEFAULTS[kind][0]
+    unknown = sorted(set(settings) - set(defaults))
+    if unknown:
+        raise WorldModelError(f"--set: kind {kind} has no setting(s) {unknown}; it has {sorted(defaults)}")
+    if kind == "pixel_rnn":
+        from rlweave.world_models.pixel import PixelWorldModel as cls
+    else:
+        from rlweave.world_models.ensemble import EnsembleWorldModel as cls
+    return cls(obs_space, act_space, env_id, max_episode_steps=limit, seed=seed, **{**defaults, **settings})
 
 
 def split_episodes(n: int, valid_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -47,17 +69,14 @@ def prediction_error(model: WorldModel, held_out: Trajectories, horizon: int, ma
     the real actions, never the real observations after. Observation errors are also reported
     per standardised dimension (divided by each dimension's variance over the windows), so that
     dimensions of large range do not hide the rest."""
-    w = held_out.windows(horizon)
-    n = len(w["obs0"])
-    if n > max_windows:
-        idx = np.sort(np.random.default_rng(seed).choice(n, max_windows, replace=False))
-        w = {k: v[idx] for k, v in w.items()}
+    w = held_out.windows(horizon, max_windows, seed)
     pred = model.rollout(w["obs0"], w["actions"])
-    real = w["obs"].reshape(len(w["obs"]), horizon, -1)
-    imag = pred["obs"].reshape(real.shape)
-    var = real.reshape(-1, real.shape[-1]).var(0) + 1e-8
+    real = w["obs"].reshape(len(w["obs"]), horizon, -1).astype(np.float32)
+    imag = pred["obs"].reshape(real.shape).astype(np.float32)
+    var = real.reshape(-1, real.shape[-1]).var(0)
+    var = np.maximum(var, 0.01 * var.mean() + 1e-8)  # constant dimensions (an image's background) do not divide by ~0
     sq = (imag - real) ** 2
-    held = (w["obs0"].reshape(len(real), 1, -1) - real) ** 2  # "nothing changes": the start held
+    held = (w["obs0"].reshape(len(real), 1, -1).astype(np.float32) - real) ** 2  # "nothing changes": the start held
     return {
         "horizon": list(range(1, horizon + 1)),
         "windows": int(len(real)),
@@ -101,26 +120,27 @@ def plot_prediction_error(err: dict, out: str | Path, title: str = "") -> Path:
 def _write_starts(out: Path, train: Trajectories, seed: int) -> dict:
     initial = np.stack([o[0] for o in train.obs])
     everything = np.concatenate([o[:-1] for o in train.obs])
-    if len(everything) > MAX_STARTS:
-        everything = everything[np.random.default_rng(seed).choice(len(everything), MAX_STARTS, replace=False)]
-    np.save(out / "starts_initial.npy", initial.astype(np.float32))
-    np.save(out / "starts_all.npy", everything.astype(np.float32))
+    cap = max(len(initial), MAX_STARTS_BYTES // max(1, everything[0].nbytes))
+    if len(everything) > cap:
+        everything = everything[np.sort(np.random.default_rng(seed).choice(len(everything), cap, replace=False))]
+    np.save(out / "starts_initial.npy", initial)
+    np.save(out / "starts_all.npy", everything)
     return {"starts_initial": int(len(initial)), "starts_all": int(len(everything))}
 
 
-def train_world_model(dataset: str | Path, out: str | Path, epochs: int = 50, horizon: int = 50, members: int = 5,
-                      hidden: tuple[int, ...] = (200, 200, 200), batch_size: int = 256, lr: float = 1e-3,
-                      valid_fraction: float = 0.1, seed: int = 0, max_steps: int | None = None,
+def train_world_model(dataset: str | Path, out: str | Path, kind: str = "auto", epochs: int | None = None, horizon: int = 50,
+                      batch_size: int | None = None, lr: float | None = None, valid_fraction: float = 0.1, seed: int = 0,
+                      max_steps: int | None = None, settings: dict | None = None,
                       log: Callable[[dict], None] | None = None) -> dict:
-    """Trains the state world model on the Minari dataset ``dataset`` (its first ``max_steps``
-    steps, whole episodes, when given) and writes the model folder ``out`` (which must not hold a
-    model). Returns the summary also stored in ``world_model.json`` under ``training``."""
+    """Trains a world model of ``kind`` (``settings``: its constructor's, see :data:`KIND_DEFAULTS`;
+    ``epochs``/``batch_size``/``lr`` default per kind) on the Minari dataset ``dataset`` (its first
+    ``max_steps`` steps, whole episodes, when given) and writes the model folder ``out`` (which
+    must not hold a model). Returns the summary also stored in ``world_model.json`` under ``training``."""
     out = Path(out)
     if (out / "world_model.json").exists():
         raise WorldModelError(f"-o {out}: already holds a world model; choose another folder")
-    for name, value, least in (("--epochs", epochs, 1), ("--horizon", horizon, 1), ("--members", members, 1),
-                               ("--batch-size", batch_size, 1)):
-        if value < least:
+    for name, value, least in (("--epochs", epochs, 1), ("--horizon", horizon, 1), ("--batch-size", batch_size, 1)):
+        if value is not None and value < least:
             raise WorldModelError(f"{name}: must be >= {least}, got {value}")
     if not 0 < valid_fraction < 1:
         raise WorldModelError(f"--valid-fraction: must be in (0, 1), got {valid_fraction}")
@@ -134,9 +154,13 @@ def train_world_model(dataset: str | Path, out: str | Path, epochs: int = 50, ho
             total += len(a)
         trajs = trajs.subset(keep)
     env_id, limit = dataset_env_id(dataset)
+    model = build_model(kind, obs_space, act_space, env_id, limit, seed, dict(settings or {}))
+    fit_defaults = KIND_DEFAULTS[model.kind][1]
+    epochs = epochs or fit_defaults["epochs"]
+    batch_size = batch_size or fit_defaults["batch_size"]
+    lr = lr or fit_defaults["lr"]
     train_idx, valid_idx = split_episodes(len(trajs), valid_fraction, seed)
     train, valid = trajs.subset(train_idx), trajs.subset(valid_idx)
-    model = EnsembleWorldModel(obs_space, act_space, env_id, members=members, hidden=hidden, max_episode_steps=limit, seed=seed)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "training.jsonl", "w", encoding="utf-8") as f:
         def record(rec: dict) -> None:
@@ -145,8 +169,7 @@ def train_world_model(dataset: str | Path, out: str | Path, epochs: int = 50, ho
             if log is not None:
                 log(rec)
 
-        epochs_log = model.fit(train.transitions(), valid.transitions(), epochs=epochs, batch_size=batch_size, lr=lr,
-                               seed=seed, log=record)
+        epochs_log = model.fit(train, valid, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, log=record)
     err = prediction_error(model, valid, min(horizon, max(len(a) for a in valid.actions)), seed=seed)
     (out / "prediction_error.json").write_text(json.dumps(err, indent=1), encoding="utf-8")
     plot_prediction_error(err, out / "prediction_error.png",

@@ -1,8 +1,9 @@
 """Real vs imagined, side by side: one episode of the real simulator and the world model's
 open-loop prediction of it under the *same* actions, as one video.
 
-A state world model predicts numbers, not pictures; to show them, a second copy of the real env
-is put into each predicted state and rendered (the simulator is the decoder). Which numbers make
+A pixel model's observations are images: its decoded frames are shown beside the real camera
+images. A state world model predicts numbers, not pictures; to show them, a second copy of the
+real env is put into each predicted state and rendered (the simulator is the decoder). Which numbers make
 a simulator state is env-specific, so it is a registry (:data:`STATE_SETTERS`): Pendulum's angle
 and velocity from (cos, sin, velocity); MuJoCo envs whose observation is ``qpos[k:]`` followed by
 ``qvel`` (the gymnasium locomotion and pendulum tasks without contact forces), the skipped ``k``
@@ -21,7 +22,7 @@ from typing import Callable
 import gymnasium as gym
 import numpy as np
 
-from rlweave.world_models.base import WorldModel, WorldModelError
+from rlweave.world_models.base import WorldModel, WorldModelError, is_image_space
 
 __all__ = ["STATE_SETTERS", "set_sim_state", "real_vs_imagined", "write_real_vs_imagined"]
 
@@ -70,17 +71,30 @@ def real_vs_imagined(model: WorldModel, act: Callable[[np.ndarray], np.ndarray],
     the same actions. Returns ``frames`` (side-by-side uint8 images), ``real``/``imagined``
     observations [T+1, ...], ``real_return`` and ``imagined_return``."""
     limit = getattr(model, "max_episode_steps", None)
-    real, shadow = _render_env(model.env_id, limit), _render_env(model.env_id, limit)
+    if is_image_space(model.observation_space):  # a pixel model decodes images itself: show observations
+        from rlweave.envs.gym_suite import make_env as make_gym
+        from rlweave.world_models.env import model_pixels
+
+        real, shadow = make_gym(model.env_id, pixels=model_pixels(model), max_episode_steps=limit), None
+    else:  # a state model: a second simulator, put into each predicted state, renders it
+        real, shadow = _render_env(model.env_id, limit), _render_env(model.env_id, limit)
+
+    def frame() -> np.ndarray:
+        if shadow is None:
+            return _side_by_side(np.asarray(real_obs[-1])[..., -3:], np.asarray(imag_obs[-1])[..., -3:])
+        set_sim_state(shadow, model.env_id, imag_obs[-1], action, real)
+        return _side_by_side(real.render(), shadow.render())
+
     try:
         obs, _ = real.reset(seed=seed)
-        shadow.reset(seed=seed)
+        if shadow is not None:
+            shadow.reset(seed=seed)
         latent = model.encode(obs[None])
         real_obs, imag_obs, frames = [obs], [model.decode(latent)[0]], []
         real_ret = imag_ret = 0.0
         action = None
         for t in range(steps or limit or 1000):
-            set_sim_state(shadow, model.env_id, imag_obs[-1], action, real)
-            frames.append(_side_by_side(real.render(), shadow.render()))
+            frames.append(frame())
             action = np.asarray(act(obs), dtype=np.float32)
             obs, r, terminated, truncated, _ = real.step(action)
             s = model.step(latent, action[None])
@@ -91,12 +105,12 @@ def real_vs_imagined(model: WorldModel, act: Callable[[np.ndarray], np.ndarray],
             imag_ret += float(s.reward[0])
             if terminated or truncated:
                 break
-        set_sim_state(shadow, model.env_id, imag_obs[-1], action, real)
-        frames.append(_side_by_side(real.render(), shadow.render()))
+        frames.append(frame())
         fps = float(real.metadata.get("render_fps") or 30)
     finally:
         real.close()
-        shadow.close()
+        if shadow is not None:
+            shadow.close()
     return {"frames": frames, "real": np.stack(real_obs), "imagined": np.stack(imag_obs), "real_return": real_ret,
             "imagined_return": imag_ret, "fps": fps}
 
@@ -114,7 +128,8 @@ def write_real_vs_imagined(path: str | Path, model: WorldModel, act: Callable[[n
     from rlweave.utils.video import write_episode_video
 
     out = real_vs_imagined(model, act, seed=seed, steps=steps)
-    err = np.mean((out["real"] - out["imagined"]) ** 2, axis=tuple(range(1, out["real"].ndim)))
+    diff = out["real"].astype(np.float32) - out["imagined"].astype(np.float32)
+    err = np.mean(diff ** 2, axis=tuple(range(1, diff.ndim)))
     written = write_episode_video(path, out["frames"], instruction="left: real simulator | right: world model, same actions",
                                   fps=min(25.0, out["fps"]))
     return {"video": str(written), "steps": len(out["frames"]) - 1, "real_return": out["real_return"],
