@@ -227,3 +227,114 @@ def test_command_off_loopback_warns_once_and_prints_a_generated_token(tmp_path):
     lines = [line for line in err.splitlines() if line.startswith("[rlweave]")]
     assert len(lines) == 2 and "WARNING: robot server listens on '0.0.0.0', not loopback" in lines[0]
     assert "robot server token: " in lines[1]
+
+
+def test_tls_with_a_self_signed_certificate(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                           "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"openssl cannot make a test certificate: {made.stderr.decode()[-200:]}")
+    sec = ServerSecurity.create("robot server", token=TOKEN, tls_cert=str(cert), tls_key=str(key))
+    with ServerThread(lambda: SimDriver("Pendulum-v1"), sec, Limits()) as srv:
+        assert srv.url.startswith("wss://")
+        env = RemoteRobotEnv(srv.url, token=TOKEN, tls_ca=str(cert))
+        env.reset(seed=0)
+        env.step(_act(0.0))
+        env.close()
+        with pytest.raises(RemoteRobotError, match="unreachable"):  # plain websockets to a TLS server: no handshake
+            RemoteRobotEnv(srv.url.replace("wss://", "ws://"), token=TOKEN, connect_timeout_s=0.5)
+
+
+class _Link:
+    """A TCP relay standing in for the network between trainer and robot: ``pause()`` holds every
+    byte (a link that is down while TCP retransmits), ``sever()`` breaks every connection."""
+
+    def __init__(self, target_port: int):
+        import socket
+        import threading
+
+        self.target, self.paused, self.conns = ("127.0.0.1", target_port), threading.Event(), []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            self.conns += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src, dst):
+        try:
+            while data := src.recv(65536):
+                while self.paused.is_set():
+                    time.sleep(0.005)
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def pause(self):
+        self.paused.set()
+
+    def resume(self):
+        self.paused.clear()
+
+    def sever(self):
+        import socket
+
+        for s in self.conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.conns = []
+
+    def close(self):
+        self.sever()
+        self.listener.close()
+
+
+@pytest.mark.parametrize("failure", ["pause", "sever"])
+def test_a_lost_link_aborts_the_episode_and_no_step_is_lost_or_repeated(failure):
+    """Without network namespaces: the link is a relay in this process. A pause longer than the
+    heartbeat timeout (bytes delivered late, the same connection survives) and a severed connection
+    (the trainer reconnects) both end the running episode as aborted, with each step once."""
+    import threading
+
+    timeout = 0.3
+    with _server(heartbeat_timeout_s=timeout) as srv:
+        link = _Link(srv.server.security.port)
+        env = RemoteRobotEnv(f"127.0.0.1:{link.port}", step_timeout_s=10.0 if failure == "pause" else 1.0)
+        try:
+            env.reset(seed=0)
+            returned = [env.step(_act(0.3)) for _ in range(5)]
+            if failure == "pause":
+                link.pause()
+                threading.Timer(4 * timeout, link.resume).start()
+            else:
+                link.sever()
+            obs, reward, terminated, truncated, info = env.step(_act(0.3))
+            assert info["aborted"] and truncated and not terminated
+            assert env.aborted_episodes == 1 and env.reconnects == (1 if failure == "sever" else 0)
+            hold = srv.call(lambda: srv.server.holds[-1])
+            assert hold["kind"] == "link" and hold["aborted_episode"] and hold["episode"] == env.episode_id
+            assert srv.call(lambda: srv.server.counters["steps"]) == len(returned) + 1  # each step applied once
+            env.reset(seed=1)  # the run goes on with a fresh episode
+            assert not env.step(_act(0.0))[4]["aborted"]
+        finally:
+            env.close()
+            link.close()

@@ -125,7 +125,7 @@ class RemoteRobotEnv(gym.Env):
         """Opens a connection, retrying until ``deadline`` (a refused token is final at once)."""
         import ssl
 
-        from websockets.exceptions import InvalidStatus
+        from websockets.exceptions import InvalidHandshake, InvalidStatus
         from websockets.sync.client import connect
 
         ctx = None
@@ -141,7 +141,7 @@ class RemoteRobotEnv(gym.Env):
                 if e.response.status_code == 401:
                     raise RemoteRobotError(f"robot {self.url}: token refused (401); give env.kwargs.token_file or ${DEFAULT_TOKEN_ENV}") from None
                 last = e
-            except (OSError, TimeoutError) as e:
+            except (InvalidHandshake, OSError, TimeoutError) as e:  # not a websocket server (yet), or no route
                 last = e
             if time.monotonic() >= deadline:
                 raise RemoteRobotError(f"robot {self.url}: unreachable ({type(last).__name__}: {last})") from None

@@ -243,7 +243,11 @@ class RobotServer:
             since = time.strftime("%H:%M:%S", time.localtime(time.time() - (now - c.since)))
             raise ProtocolError(f"control held by {c.name} (session {c.session[:8]}, since {since}); "
                                 "one controlling trainer at a time", "control")
-        if c is not None and c.conn is not None and c.conn is not ws:  # the same trainer on a new connection
+        if c is not None and c.conn is not ws and self.episode_open and not self.aborted:
+            # the same trainer on a new connection: its link was interrupted, whether or not this
+            # server noticed yet; the running episode is aborted either way (one rule, no race)
+            self._hold(f"controller reconnected ({c.name})", "link")
+        if c is not None and c.conn is not None and c.conn is not ws:
             asyncio.create_task(c.conn.close(1001, "control taken by a new connection of the same session"))
         since = c.since if c is not None and c.session == msg["session"] else now
         self.controller = _Control(msg["session"], msg["name"], ws, now, since)
