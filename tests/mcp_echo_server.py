@@ -1,4 +1,4 @@
-"""A tiny MCP server (mcp SDK's MCPServer, formerly FastMCP) for tests/test_mcp_tools.py.
+"""A tiny MCP server (the mcp SDK's MCPServer, FastMCP before mcp 2) for tests/test_mcp_tools.py.
 
 Runs over stdio by default, or streamable HTTP with ``--http PORT``. Tools: ``add``, ``echo``,
 ``sleep`` (to have a call in flight when the test kills the server), ``fail`` (raises) and ``pid``.
@@ -10,7 +10,10 @@ import asyncio
 import os
 import sys
 
-from mcp.server.mcpserver import MCPServer
+try:
+    from mcp.server.mcpserver import MCPServer
+except ImportError:  # mcp 1.x
+    from mcp.server.fastmcp import FastMCP as MCPServer
 
 server = MCPServer("rlweave-test-echo")
 

@@ -40,24 +40,31 @@ class MCPTool(Tool):
         return await self.source.call(self.remote_name, arguments)
 
 
+def _field(obj: Any, snake: str, camel: str, default: Any = None) -> Any:
+    """A result field by its mcp 2.x name, else its 1.x name (``is_error`` / ``isError``, ...)."""
+    return getattr(obj, snake, getattr(obj, camel, default))
+
+
 def _result_text(result: Any) -> str:
     """Text contents joined; other content kinds named; structured content when there is no text."""
     parts = []
     for item in result.content or []:
         kind = getattr(item, "type", "")
         parts.append(item.text if kind == "text" else f"[{kind or 'non-text'} content]")
-    if not parts and getattr(result, "structured_content", None) is not None:
-        parts.append(json.dumps(result.structured_content))
+    structured = _field(result, "structured_content", "structuredContent")
+    if not parts and structured is not None:
+        parts.append(json.dumps(structured))
     return "\n".join(parts)
 
 
 def _is_connection_loss(exc: BaseException) -> bool:
     import anyio
-    from mcp.shared.exceptions import MCPError
+    from mcp.shared import exceptions
     from mcp.types import CONNECTION_CLOSED
 
-    if isinstance(exc, MCPError):
-        return exc.code == CONNECTION_CLOSED
+    mcp_error = getattr(exceptions, "MCPError", None) or getattr(exceptions, "McpError")  # mcp 2.x, 1.x
+    if isinstance(exc, mcp_error):
+        return getattr(getattr(exc, "error", None), "code", None) == CONNECTION_CLOSED
     if isinstance(exc, (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, ConnectionError,
                         BrokenPipeError)):
         return True
@@ -106,9 +113,10 @@ class MCPSource:
 
     def _transport(self, errlog: Any) -> contextlib.AbstractAsyncContextManager:
         if self.url is not None:
-            from mcp.client.streamable_http import streamable_http_client
+            from mcp.client import streamable_http
 
-            return streamable_http_client(self.url)
+            connect = getattr(streamable_http, "streamable_http_client", None) or streamable_http.streamablehttp_client
+            return connect(self.url)  # yields (read, write) in mcp 2.x, (read, write, session id) in 1.x
         from mcp.client.stdio import StdioServerParameters, stdio_client
 
         assert self.command is not None
@@ -130,7 +138,7 @@ class MCPSource:
                 while True:  # the listing may be paginated
                     page = await session.list_tools(params=None if cursor is None else _cursor_params(cursor))
                     tools.extend(page.tools)
-                    cursor = getattr(page, "next_cursor", None)
+                    cursor = _field(page, "next_cursor", "nextCursor")
                     if not cursor:
                         break
                 self._session = session
@@ -182,7 +190,7 @@ class MCPSource:
                 self.deaths += 1
                 self._session = None
             raise ToolServerDied(f"{type(exc).__name__}: {exc}") from None
-        if getattr(result, "is_error", False):
+        if _field(result, "is_error", "isError", False):
             raise ToolError(_result_text(result) or f"{name} reported an error")
         return _result_text(result)
 
@@ -202,7 +210,7 @@ class MCPSource:
     def tools(self, timeout_s: float = 30.0) -> list[MCPTool]:
         """Starts the source and wraps each listed tool as an :class:`MCPTool`."""
         listed = self.start()
-        return [MCPTool(self, t.name, t.description or "", dict(getattr(t, "input_schema", None) or {}),
+        return [MCPTool(self, t.name, t.description or "", dict(_field(t, "input_schema", "inputSchema") or {}),
                         prefix=self.prefix, timeout_s=timeout_s) for t in listed]
 
     def close(self) -> None:
