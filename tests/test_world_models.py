@@ -155,3 +155,78 @@ def test_real_vs_imagined_video(model_dir, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["steps"] == 6 and out["video"].endswith(".gif")
     assert (tmp_path / "v.gif").stat().st_size > 1000
+
+
+# --------------------------------------------------------------------------- the pixel model
+class DotEnv(gym.Env):
+    """A 16x16 camera image of a dot the action pushes around; reward: closeness to the centre."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+
+    def __init__(self, render_mode: str | None = "rgb_array"):
+        self.render_mode = render_mode
+        self.observation_space = gym.spaces.Box(0, 255, (16, 16, 3), dtype=np.uint8)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), dtype=np.float32)
+        self.pos = np.zeros(2)
+
+    def render(self) -> np.ndarray:
+        img = np.zeros((16, 16, 3), np.uint8)
+        y, x = np.clip(np.round(self.pos).astype(int), 1, 14)
+        img[y - 1:y + 2, x - 1:x + 2] = (255, 200, 40)
+        return img
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pos = self.np_random.uniform(3, 12, size=2)
+        return self.render(), {}
+
+    def step(self, action):
+        self.pos = np.clip(self.pos + 1.5 * np.asarray(action, dtype=np.float64), 1, 14)
+        return self.render(), float(-np.abs(self.pos - 7.5).sum() / 7.5), False, False, {}
+
+
+@pytest.fixture(scope="module")
+def pixel_model_dir(tmp_path_factory):
+    if "WMDot-v0" not in gym.registry:
+        gym.register("WMDot-v0", entry_point=f"{__name__}:DotEnv", max_episode_steps=20)  # a string: Minari stores the spec
+    root = tmp_path_factory.mktemp("wm_pixels")
+    collect_dataset(lambda **kw: gym.make("WMDot-v0"), None, episodes=10, out=root / "dots", name="wm_dots", seed=0)
+    torch.set_num_threads(1)
+    train_world_model(root / "dots", root / "model", epochs=3, horizon=6, batch_size=16, seed=0,
+                      settings={"latent": 32, "width": 8, "seq_len": 4})
+    return root / "model"
+
+
+def test_pixel_model_trains_and_steps_as_a_vector_env(pixel_model_dir):
+    cfg = json.loads((pixel_model_dir / "world_model.json").read_text())
+    assert cfg["kind"] == "pixel_rnn" and cfg["env_id"] == "WMDot-v0"  # chosen by --kind auto for images
+    log = [json.loads(line) for line in (pixel_model_dir / "training.jsonl").read_text().splitlines()]
+    assert log[-1]["train/loss"] < log[0]["train/loss"]
+    err = json.loads((pixel_model_dir / "prediction_error.json").read_text())
+    assert len(err["obs_nmse"]) == 6 and all(np.isfinite(err["obs_nmse"]))
+    starts = load_starts(pixel_model_dir)
+    assert starts.dtype == np.uint8 and starts.shape[1:] == (16, 16, 3)
+    env = VectorEnv(f"world_model/{pixel_model_dir}", num_envs=2, seed=0, kwargs={"horizon": 3},
+                    pixels={"enabled": True, "width": 16, "height": 16})
+    obs = env.reset()
+    assert obs.shape == (2, 16, 16, 3) and obs.dtype == np.uint8
+    for t in range(3):
+        res = env.step(np.zeros((2, 1, 2), np.float32))
+        assert res.obs.dtype == np.uint8 and res.obs.shape == (2, 16, 16, 3) and res.truncated.all() == (t == 2)
+    real = make_env(str(pixel_model_dir), real=True)  # evaluation: the real env, giving the same images
+    try:
+        assert real.observation_space.shape == (16, 16, 3) and real.reset(seed=0)[0].dtype == np.uint8
+    finally:
+        real.close()
+
+
+def test_pixel_model_round_trip_and_video(pixel_model_dir, tmp_path, capsys):
+    model = load_world_model(pixel_model_dir, cache=False)
+    model.save(tmp_path / "copy")
+    copy = load_world_model(tmp_path / "copy", cache=False)
+    obs = load_starts(pixel_model_dir)[:3]
+    act = np.full((3, 2), 0.3, np.float32)
+    np.testing.assert_array_equal(model.step(model.encode(obs), act).obs, copy.step(copy.encode(obs), act).obs)
+    assert main(["world-model-video", str(pixel_model_dir), "-o", str(tmp_path / "v.gif"), "--steps", "5"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["steps"] == 5 and (tmp_path / "v.gif").stat().st_size > 500
