@@ -276,3 +276,9 @@ def test_tools_served_by_a_worker_group_keep_call_order_and_counts():
         box.close()
     finally:
         group.shutdown()
+
+
+def test_arguments_as_a_json_string_are_decoded():
+    box = make_toolbox(["calculator"])
+    ok, bad = box.execute_sync([ToolCall("calculator", '{"expression": "1+1"}'), ToolCall("calculator", '{"expression": ')])
+    assert ok.content == "2" and bad.error == "invalid_json" and "arguments of 'calculator' are not valid JSON" in bad.content

@@ -133,3 +133,19 @@ def test_a_server_that_cannot_start_is_refused_naming_the_entry(tmp_path):
                                              "startup_timeout_s": 20}}])
     with pytest.raises(ToolConfigError, match=r"^agent\.tools\[0\] \(mcp\): give exactly one of 'command'"):
         make_toolbox([{"mcp": {}}])
+
+
+def test_a_refused_config_leaves_no_server_running():
+    import psutil
+
+    def servers() -> list:
+        return [p for p in psutil.Process().children(recursive=True) if SERVER in " ".join(p.cmdline())]
+
+    before = len(servers())
+    entry = {"mcp": {"command": [sys.executable, SERVER]}}
+    with pytest.raises(ToolConfigError, match=r"^agent\.tools\[1\] \(mcp\): two tools are named 'add'"):
+        make_toolbox([entry, entry])
+    deadline = time.monotonic() + 10
+    while len(servers()) > before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(servers()) == before

@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -85,7 +86,7 @@ class ToolCall:
     ``arguments`` None; ``raw`` keeps the model's text for logs."""
 
     name: str
-    arguments: dict[str, Any] | None
+    arguments: dict[str, Any] | str | None  # a str is decoded as JSON (the OpenAI API's form)
     raw: str = ""
     parse_error: str | None = None
 
@@ -203,6 +204,11 @@ class ToolBox:
             known = ", ".join(self.tools) or "(none)"
             return "unknown_tool", f"unknown tool '{call.name}'; known: {known}"
         arguments = {} if call.arguments is None else call.arguments
+        if isinstance(arguments, str):  # the OpenAI wire form: arguments as a JSON string
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError as exc:
+                return "invalid_json", f"the arguments of '{call.name}' are not valid JSON ({exc.msg} at char {exc.pos})"
         if not isinstance(arguments, Mapping):
             return "bad_arguments", f"arguments of '{call.name}' must be a JSON object, got {type(arguments).__name__}"
         problem = jsonschema.exceptions.best_match(self._validators[call.name].iter_errors(arguments))
@@ -292,6 +298,15 @@ def make_toolbox(cfg: Sequence[Mapping[str, Any] | str] | None, key: str = "agen
     if isinstance(cfg, (str, Mapping)):
         raise ToolConfigError(f"{key} must be a list of tool entries, got {type(cfg).__name__}")
     box = ToolBox(max_chars=max_chars)
+    try:
+        _add_entries(box, cfg, key)
+    except BaseException:
+        box.close()  # MCP servers already started for earlier entries
+        raise
+    return box
+
+
+def _add_entries(box: ToolBox, cfg: Sequence[Mapping[str, Any] | str], key: str) -> None:
     for i, entry in enumerate(cfg):
         where = f"{key}[{i}]"
         if isinstance(entry, str):
@@ -316,11 +331,13 @@ def make_toolbox(cfg: Sequence[Mapping[str, Any] | str] | None, key: str = "agen
             raise ToolConfigError(f"{where} ({name}): {exc}") from None
         except TypeError as exc:
             raise ToolConfigError(f"{where} ({name}): {_one_line(str(exc))}") from None
-        for tool in made if isinstance(made, list) else [made]:
+        made = made if isinstance(made, list) else [made]
+        for tool in made:
             if timeout is not None:
                 tool.timeout_s = float(timeout)
             try:
                 box.add(tool)
             except (ToolConfigError, jsonschema.exceptions.SchemaError) as exc:
+                for t in made:  # an MCP source none of whose tools made it into the box
+                    getattr(getattr(t, "source", None), "close", lambda: None)()
                 raise ToolConfigError(f"{where} ({name}): {_one_line(str(exc))}") from None
-    return box

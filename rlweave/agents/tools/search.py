@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +90,10 @@ def read_passages(corpus: Path, passage_words: int = 200) -> list[dict[str, str]
 
 def fingerprint(corpus: Path, passage_words: int) -> str:
     h = hashlib.sha256(f"v{INDEX_VERSION}:{passage_words}".encode())
+    root = corpus if corpus.is_dir() else corpus.parent
     for path in corpus_files(corpus):
         st = path.stat()
-        h.update(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode())
+        h.update(f"{path.relative_to(root).as_posix()}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()
 
 
@@ -141,10 +143,11 @@ class BM25Index:
                 f.write(json.dumps(p, ensure_ascii=False) + "\n")
         (tmp / "meta.json").write_text(json.dumps({"fingerprint": fp, "passages": len(self.passages)}))
         if self.index_dir.exists():  # replace the stale index (written whole, then swapped in)
-            import shutil
-
-            shutil.rmtree(self.index_dir)
-        tmp.rename(self.index_dir)
+            shutil.rmtree(self.index_dir, ignore_errors=True)
+        try:
+            tmp.rename(self.index_dir)
+        except OSError:  # another process (a rollout worker beside this one) swapped its own in first
+            shutil.rmtree(tmp, ignore_errors=True)
         self.built = True
 
     def _tokenize(self, texts: list[str]) -> list[list[str]]:
