@@ -102,7 +102,7 @@ def _image_dataset(path: Path):
         success = np.arange(n + 1) == n
         made.append(LeRobotEpisode(i, obs, rng.uniform(-1, 1, (n, 4)).astype(np.float32), rng.standard_normal(n).astype(np.float32),
                                    success[1:], np.zeros(n, bool), {"success": success}, text))
-    info = write_lerobot_dataset(iter(made), path, space, act, fps=10, robot_type="sawyer")
+    info = write_lerobot_dataset(iter(made), path, space, act, fps=10, robot_type="sawyer", images="png")
     return made, space, act, info
 
 
@@ -125,6 +125,37 @@ def test_images_instructions_and_success_round_trip(tmp_path):
         assert np.array_equal(got.terminations, want.terminations) and np.array_equal(got.infos["success"], want.infos["success"][1:])
     demos = load_demonstrations(tmp_path / "ds", chunk=2, observation_space=space, action_space=act)
     assert demos.success_rate == 1.0 and demos.obs["image"].shape == (15, 12, 16, 3)
+
+
+def test_cameras_as_mp4_videos(tmp_path):
+    """LeRobot's default: one AV1 mp4 per camera, episodes concatenated, located by timestamps."""
+    space = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (32, 48, 3), np.uint8), "state": gym.spaces.Box(-1, 1, (2,), np.float32)})
+    yy, xx = np.mgrid[0:32, 0:48]
+    made = []
+    for i, n in enumerate((7, 5)):  # smooth moving gradients: what a codec keeps close
+        frames = np.stack([np.stack([(xx * 4 + 40 * t + 60 * i) % 256, yy * 6, np.full_like(xx, 100 + 40 * i)], -1)
+                           for t in range(n + 1)]).astype(np.uint8)
+        made.append(LeRobotEpisode(i, {"image": frames, "state": np.zeros((n + 1, 2), np.float32)},
+                                   np.full((n, 1), i, np.float32), np.ones(n, np.float32), np.zeros(n, bool),
+                                   np.eye(n, dtype=bool)[-1], {}, "track"))
+    write_lerobot_dataset(iter(made), tmp_path / "v", space, gym.spaces.Box(-1, 1, (1,), np.float32), fps=15)
+    info = json.loads((tmp_path / "v/meta/info.json").read_text())
+    feature = info["features"]["observation.images.image"]
+    assert feature["dtype"] == "video" and feature["info"]["video.codec"] == "av1" and feature["info"]["video.fps"] == 15
+    assert info["video_path"] == "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+    assert (tmp_path / "v/videos/observation.images.image/chunk-000/file-000.mp4").is_file()
+    assert "observation.images.image" not in pq.read_table(tmp_path / "v/data/chunk-000/file-000.parquet").column_names
+    episodes = pq.read_table(tmp_path / "v/meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    key = "videos/observation.images.image/"
+    assert [(e[key + "from_timestamp"], e[key + "to_timestamp"]) for e in episodes] == [(0.0, pytest.approx(7 / 15)),
+                                                                                         (pytest.approx(7 / 15), pytest.approx(12 / 15))]
+    back = list(LeRobotEpisodes(tmp_path / "v").iterate_episodes())
+    for want, got in zip(made, back):
+        n = len(want.actions)
+        error = np.abs(got.observations["image"][:n].astype(int) - want.observations["image"][:n].astype(int))
+        # lossy (about 2-5 per pixel here) but each row gets its own frame: a frame off by one is about 25 away
+        assert error.mean(axis=(1, 2, 3)).max() < 8
+        assert np.array_equal(got.actions, want.actions)
 
 
 def test_offline_bc_recipe_trains_from_a_lerobot_folder(exported, tmp_path):

@@ -19,7 +19,8 @@ def _export(args: Any) -> int:
         print(f"rlweave export-lerobot: --fps: must be >= 1, got {args.fps}", file=sys.stderr)
         return 2
     try:
-        info = export_lerobot(args.dataset, args.out, fps=args.fps, task=args.task, robot_type=args.robot_type)
+        info = export_lerobot(args.dataset, args.out, fps=args.fps, task=args.task, robot_type=args.robot_type,
+                              images=args.images)
     except (DatasetError, ImportError) as e:
         print(f"rlweave export-lerobot: {e}", file=sys.stderr)
         return 2
@@ -35,4 +36,6 @@ def add_lerobot_commands(sub: Any) -> None:
     s.add_argument("--fps", type=int, default=None, help="frames per second (default: the env's render_fps, else 30)")
     s.add_argument("--task", default=None, help="task text of episodes without an instruction (default: the env id)")
     s.add_argument("--robot-type", default=None, help="info.json's robot_type")
+    s.add_argument("--images", choices=("video", "png"), default="video",
+                   help="camera images as mp4 videos (LeRobot's default; lossy AV1) or lossless PNG frames in the parquet")
     s.set_defaults(fn=_export)

@@ -12,9 +12,10 @@ can be used elsewhere, and theirs here. The layout followed is LeRobot's ``v3.0`
     data/chunk-000/file-000.parquet                 one row per frame (episodes concatenated; a new file past
                                                     data_files_size_in_mb, a new chunk every chunks_size files)
 
-Frames hold ``observation.state`` (float vector), camera images as ``image`` features
-(``observation.images.<camera>``: PNG bytes in the parquet, lossless, the layout LeRobot writes
-when videos are off), ``action``, ``next.reward``, ``next.done``, ``next.success`` where the env
+Frames hold ``observation.state`` (float vector), camera images ``observation.images.<camera>``
+(``images="video"``, the default: ``video`` features, one mp4 per camera and file,
+:mod:`rlweave.data.lerobot_video`; ``images="png"``: ``image`` features, PNG bytes in the parquet,
+lossless, the layout LeRobot writes when videos are off), ``action``, ``next.reward``, ``next.done``, ``next.success`` where the env
 reports success, and the standard ``timestamp``/``frame_index``/``episode_index``/``index``/
 ``task_index``. The instruction of a manipulation observation becomes the frame's task. rlweave
 also writes ``next.terminated`` (termination, as opposed to a time limit: what bootstrapping needs)
@@ -49,6 +50,7 @@ CHUNK_FILE = "chunk-{chunk_index:03d}/file-{file_index:03d}"
 DATA_PATH = "data/" + CHUNK_FILE + ".parquet"
 EPISODES_PATH = "meta/episodes/" + CHUNK_FILE + ".parquet"
 VIDEO_PATH = "videos/{video_key}/" + CHUNK_FILE + ".mp4"
+VIDEO_FILE_MB = 200  # a video file is closed past this size
 CHUNKS_SIZE = 1000  # files per chunk folder
 DATA_FILE_MB = 100  # a data file is closed past this size
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
@@ -100,6 +102,10 @@ def _png(image: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+def _is_camera(ft: dict) -> bool:
+    return ft.get("dtype") in ("image", "video")
+
+
 def _stats(values: np.ndarray, image: bool = False) -> dict:
     """LeRobot's per-feature statistics of ``values`` [N, ...]: over frames (vectors) or over frames
     and pixels per channel, in [0, 1], shaped [C, 1, 1] (images)."""
@@ -118,9 +124,12 @@ def _stats(values: np.ndarray, image: bool = False) -> dict:
 
 def write_lerobot_dataset(episodes: Iterable[LeRobotEpisode], out: str | Path, observation_space: gym.Space,
                           action_space: gym.Space, fps: int, robot_type: str | None = None,
-                          data_file_mb: float = DATA_FILE_MB) -> dict:
-    """Writes ``episodes`` as a LeRobot v3 dataset folder at ``out`` (which must not exist).
-    Returns the totals and the feature names written."""
+                          data_file_mb: float = DATA_FILE_MB, images: str = "video") -> dict:
+    """Writes ``episodes`` as a LeRobot v3 dataset folder at ``out`` (which must not exist);
+    ``images``: camera images as ``"video"`` (mp4) or ``"png"`` (in the parquet). Returns the
+    totals and the feature names written."""
+    if images not in ("video", "png"):
+        raise LeRobotFormatError(f"images: 'video' or 'png', got {images!r}")
     import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -136,6 +145,11 @@ def write_lerobot_dataset(episodes: Iterable[LeRobotEpisode], out: str | Path, o
             instruction_length = int(space.shape[0])
             continue
         name, ft = _feature_of_leaf(leaf, tuple(space.shape), np.dtype(space.dtype))
+        if ft["dtype"] == "image" and images == "video":
+            from rlweave.data.lerobot_video import require_av
+
+            require_av()  # before anything is written
+            ft = {**ft, "dtype": "video"}
         obs_features[name] = (leaf, ft)
     act_shape = tuple(getattr(action_space, "shape", ()) or (1,))
     features: dict[str, dict] = {name: ft for name, (_, ft) in obs_features.items()}
@@ -150,6 +164,7 @@ def write_lerobot_dataset(episodes: Iterable[LeRobotEpisode], out: str | Path, o
     columns_all: dict[str, list] = {}
     has_success = None
     writer, file_rows, chunk_index, file_index, total = None, 0, 0, 0, 0
+    videos: dict[str, Any] = {}  # camera feature -> [VideoWriter, chunk_index, file_index]
     out.mkdir(parents=True)
     try:
         for ep_index, ep in enumerate(episodes):
@@ -194,12 +209,14 @@ def write_lerobot_dataset(episodes: Iterable[LeRobotEpisode], out: str | Path, o
                 path.parent.mkdir(parents=True, exist_ok=True)
                 writer = pq.ParquetWriter(path, table.schema, compression="snappy")
             writer.write_table(table)
-            ep_stats = {name: _stats(v, features[name]["dtype"] == "image") for name, v in cols.items()}
+            row = {"episode_index": ep_index, "tasks": [ep.task], "length": n, "data/chunk_index": chunk_index,
+                   "data/file_index": file_index, "dataset_from_index": total, "dataset_to_index": total + n}
+            for name in (k for k, ft in features.items() if ft["dtype"] == "video"):
+                row.update(_add_video(videos, out, name, cols[name], fps))
+            row.update({"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
+            ep_stats = {name: _stats(v, _is_camera(features[name])) for name, v in cols.items()}
             for name, v in cols.items():
                 columns_all.setdefault(name, []).append(v)
-            row = {"episode_index": ep_index, "tasks": [ep.task], "length": n, "data/chunk_index": chunk_index,
-                   "data/file_index": file_index, "dataset_from_index": total, "dataset_to_index": total + n,
-                   "meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0}
             row.update({f"stats/{name}/{k}": v for name, s in ep_stats.items() for k, v in s.items()})
             episode_rows.append(row)
             file_rows += n
@@ -209,13 +226,18 @@ def write_lerobot_dataset(episodes: Iterable[LeRobotEpisode], out: str | Path, o
 
         if writer is not None:
             writer.close()
+        for video in videos.values():
+            video[0].close()
         shutil.rmtree(out, ignore_errors=True)  # no half-written dataset left behind
         raise
     if writer is not None:
         writer.close()
+    for name, video in videos.items():
+        video[0].close()
+        features[name]["info"] = video[0].info()
     if not episode_rows:
         raise LeRobotFormatError(f"{out}: no episode with a step to write")
-    stats = {name: _stats(np.concatenate(vs), features[name]["dtype"] == "image") for name, vs in columns_all.items()}
+    stats = {name: _stats(np.concatenate(vs), _is_camera(features[name])) for name, vs in columns_all.items()}
     episodes_path = out / EPISODES_PATH.format(chunk_index=0, file_index=0)
     episodes_path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(episode_rows), episodes_path, compression="snappy")
@@ -224,7 +246,8 @@ def write_lerobot_dataset(episodes: Iterable[LeRobotEpisode], out: str | Path, o
         "codebase_version": CODEBASE_VERSION, "robot_type": robot_type, "total_episodes": len(episode_rows),
         "total_frames": total, "total_tasks": len(tasks), "chunks_size": CHUNKS_SIZE,
         "data_files_size_in_mb": int(data_file_mb), "video_files_size_in_mb": 200, "fps": int(fps),
-        "splits": {"train": f"0:{len(episode_rows)}"}, "data_path": DATA_PATH, "video_path": None,
+        "splits": {"train": f"0:{len(episode_rows)}"}, "data_path": DATA_PATH,
+        "video_path": VIDEO_PATH if videos else None,
         "features": features,
         "rlweave": {"observation": "dict" if isinstance(observation_space, gym.spaces.Dict) else "array",
                     "leaves": {name: leaf for name, (leaf, _) in obs_features.items()},
@@ -234,6 +257,28 @@ def write_lerobot_dataset(episodes: Iterable[LeRobotEpisode], out: str | Path, o
     (out / STATS_PATH).write_text(json.dumps(stats, indent=4))
     return {"episodes": len(episode_rows), "frames": total, "tasks": len(tasks), "fps": int(fps),
             "features": sorted(features), "path": str(out)}
+
+
+def _add_video(videos: dict, out: Path, name: str, frames: np.ndarray, fps: int) -> dict:
+    """Appends one episode's frames of camera feature ``name`` to its current mp4 (a new file past
+    VIDEO_FILE_MB) and returns the episode's ``videos/<name>/...`` metadata."""
+    from rlweave.data.lerobot_video import VideoWriter
+
+    state = videos.get(name)
+    if state is not None and state[0].size_bytes() > VIDEO_FILE_MB * 1024 * 1024:
+        state[0].close()
+        chunk, file = state[1], state[2] + 1
+        if file == CHUNKS_SIZE:
+            chunk, file = chunk + 1, 0
+        state = None
+    else:
+        chunk, file = (state[1], state[2]) if state is not None else (0, 0)
+    if state is None:
+        path = out / VIDEO_PATH.format(video_key=name, chunk_index=chunk, file_index=file)
+        state = videos[name] = [VideoWriter(path, fps, frames.shape[1], frames.shape[2]), chunk, file]
+    start, end = state[0].add(frames)
+    return {f"videos/{name}/chunk_index": chunk, f"videos/{name}/file_index": file,
+            f"videos/{name}/from_timestamp": start, f"videos/{name}/to_timestamp": end}
 
 
 def writer_bytes(writer: Any) -> int:
@@ -249,6 +294,8 @@ def _frames_table(cols: dict[str, np.ndarray], features: dict[str, dict], pa: An
         if name not in cols:
             continue
         ft, v = features[name], cols[name]
+        if ft["dtype"] == "video":  # in the mp4 files, not the parquet
+            continue
         if ft["dtype"] == "image":
             arr = pa.StructArray.from_arrays([pa.array([_png(img) for img in v], pa.binary()),
                                               pa.array([None] * len(v), pa.string())], names=["bytes", "path"])
@@ -281,8 +328,6 @@ class LeRobotEpisodes:
         if not version.startswith("v3."):
             raise LeRobotFormatError(f"dataset {self.path}: LeRobot codebase_version {version or '?'}; rlweave reads v3.x")
         feats = self.info["features"]
-        if any(ft.get("dtype") == "video" for ft in feats.values()):
-            raise LeRobotFormatError(f"dataset {self.path}: video features are not read yet (images in parquet are)")
         meta = self.info.get("rlweave") or {}
         obs_names = [k for k in feats if k.startswith("observation.")]
         if "action" not in feats or not obs_names:
@@ -332,6 +377,41 @@ class LeRobotEpisodes:
             if ft and ft.get("dtype") != "image":  # shape-(1,) features are flat [N] here
                 shape = [] if list(ft["shape"]) == [1] else ft["shape"]
                 out[name] = out[name].reshape(len(out[name]), *shape)
+        videos = [k for k, ft in self.info["features"].items() if ft.get("dtype") == "video" and k in self.leaves]
+        if videos:
+            out.update(self._video_frames(videos, out["episode_index"], out["timestamp"]))
+        return out
+
+    def _video_frames(self, names: list[str], episode: np.ndarray, timestamp: np.ndarray) -> dict[str, np.ndarray]:
+        """Each row's frame of each video feature: the frame at the episode's ``from_timestamp``
+        plus the row's ``timestamp`` in the episode's mp4 file (each file decoded once)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from rlweave.data.lerobot_video import read_video
+
+        meta = pa.concat_tables([pq.read_table(f) for f in sorted((self.path / "meta/episodes").glob("*/*.parquet"))])
+        rows = {int(e["episode_index"]): e for e in meta.to_pylist()}
+        fps = float(self.info["fps"])
+        template = self.info.get("video_path") or VIDEO_PATH
+        out = {}
+        for name in names:
+            decoded: dict[tuple[int, int], np.ndarray] = {}
+            frames = np.empty((len(episode), *self.info["features"][name]["shape"]), np.uint8)
+            for i, (ep, ts) in enumerate(zip(episode.reshape(-1), timestamp.reshape(-1))):
+                e = rows.get(int(ep))
+                if e is None:
+                    raise LeRobotFormatError(f"dataset {self.path}: episode {int(ep)} has no row in meta/episodes")
+                key = (int(e[f"videos/{name}/chunk_index"]), int(e[f"videos/{name}/file_index"]))
+                if key not in decoded:
+                    decoded[key] = read_video(self.path / template.format(video_key=name, chunk_index=key[0], file_index=key[1]))
+                index = int(round((float(e[f"videos/{name}/from_timestamp"]) + float(ts)) * fps))
+                video = decoded[key]
+                if not 0 <= index < len(video):
+                    raise LeRobotFormatError(f"dataset {self.path}: {name} has no frame at {index / fps:.3f} s "
+                                             f"(episode {int(ep)}; the file holds {len(video)} frames)")
+                frames[i] = video[index]
+            out[name] = frames
         return out
 
     def iterate_episodes(self) -> Iterator[LeRobotEpisode]:
@@ -371,10 +451,11 @@ def _decode_png(data: bytes) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------- export
 def export_lerobot(dataset: str | Path, out: str | Path, fps: int | None = None, task: str | None = None,
-                   robot_type: str | None = None) -> dict:
+                   robot_type: str | None = None, images: str = "video") -> dict:
     """Writes the rlweave (Minari) dataset at ``dataset`` as a LeRobot v3 dataset at ``out``.
     ``fps``: frames per second (default: the env's ``render_fps``, else 30); ``task``: the task
-    of episodes whose observations carry no instruction (default: the dataset's env id)."""
+    of episodes whose observations carry no instruction (default: the dataset's env id); ``images``:
+    cameras as mp4 (``"video"``) or PNG frames in the parquet (``"png"``)."""
     from rlweave.data.datasets import open_dataset
 
     ds = open_dataset(dataset)
@@ -397,7 +478,8 @@ def export_lerobot(dataset: str | Path, out: str | Path, fps: int | None = None,
                                  np.asarray(ep.terminations), np.asarray(ep.truncations),
                                  {"success": np.asarray(infos["success"])} if "success" in infos else {}, text)
 
-    return write_lerobot_dataset(episodes(), out, ds.observation_space, ds.action_space, fps, robot_type=robot_type)
+    return write_lerobot_dataset(episodes(), out, ds.observation_space, ds.action_space, fps, robot_type=robot_type,
+                                 images=images)
 
 
 def _env_id(ds: Any) -> str | None:
