@@ -157,13 +157,15 @@ class PolicyEndpoint:
     ``openai.OpenAI(base_url=..., api_key=endpoint.api_key)`` client takes.
 
     ``max_new_tokens``: the most tokens one reply may have (a request's ``max_tokens`` may ask for
-    fewer); ``max_positions``: the model's context (default: its config's), prompt included.
+    fewer); ``max_positions``: the model's context (default: its config's), prompt included;
+    ``max_response_tokens``: the most tokens a trajectory may hold after its first prompt (replies
+    and observations: the training row's width, ``agent.max_tokens``).
     ``lock``: held around each batched generation (the rollout worker's, against weight loads)."""
 
     def __init__(self, engine: Any, tokenizer, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, max_new_tokens: int | None = None,
-                 max_positions: int | None = None, model_name: str = "rlweave-policy", lock: ContextManager | None = None,
+                 max_positions: int | None = None, max_response_tokens: int | None = None, model_name: str = "rlweave-policy", lock: ContextManager | None = None,
                  seed: int = 0, max_batch: int = 64, batch_wait_s: float = 0.005, announce=None):
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.security = ServerSecurity.create("openai endpoint", host=host, port=port, token=token, tls_cert=tls_cert,
@@ -171,6 +173,7 @@ class PolicyEndpoint:
         self.max_new_tokens = int(max_new_tokens or getattr(engine, "max_new_tokens", 256))
         config = getattr(getattr(engine, "model", None), "config", None)
         self.max_positions = int(max_positions or getattr(config, "max_position_embeddings", 1 << 30))
+        self.max_response_tokens = int(max_response_tokens or 1 << 30)
         self.recorder = Recorder(tokenizer)
         self.batcher = GenerationBatcher(engine, stop_token_ids(tokenizer), max_batch=max_batch, wait_s=batch_wait_s,
                                          seed=seed, lock=lock)
@@ -256,11 +259,13 @@ class PolicyEndpoint:
         except (ValueError, RuntimeError, TypeError) as e:  # the template cannot render these messages
             return self._refuse(f"messages: {e}", param="messages")
         asked = req.max_completion_tokens or req.max_tokens or self.max_new_tokens
-        budget = min(asked, self.max_new_tokens, self.max_positions - len(call.prompt_ids))
+        used = len(call.prompt_ids) - len(call.segment.prompt_ids)  # the trajectory's tokens after its first prompt
+        budget = min(asked, self.max_new_tokens, self.max_positions - len(call.prompt_ids), self.max_response_tokens - used)
         if budget < 1:
             self.recorder.abort(call)
-            return self._refuse(f"the conversation is {len(call.prompt_ids)} tokens; the model's context is "
-                                f"{self.max_positions}", param="messages", code="context_length_exceeded")
+            return self._refuse(f"the conversation is {len(call.prompt_ids)} tokens ({used} after the episode's first "
+                                f"prompt); the model's context is {self.max_positions} and an episode's budget "
+                                f"{self.max_response_tokens}", param="messages", code="context_length_exceeded")
         try:
             gen = await asyncio.wrap_future(self.batcher.submit(call.prompt_ids, budget))
         except Exception as e:  # noqa: BLE001 - the engine failed: this call fails, the server goes on

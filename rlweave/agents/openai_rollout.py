@@ -103,8 +103,10 @@ class OpenAIAgentRollout:
     """Episodes of user agent code against the policy's endpoint (see the module doc).
 
     ``agent_cfg``: the run's ``agent`` section (``openai_fn``, ``episode_timeout_s``,
-    ``max_concurrency``, ``openai_host``/``openai_port``); ``max_turn_tokens``: the most tokens one
-    reply may have (``rollout.max_new_tokens``)."""
+    ``max_concurrency``, ``max_tokens``: an episode's tokens after its prompt, ``openai_host`` /
+    ``openai_port``: where the endpoint listens; off loopback its token is ``$RLWEAVE_TOKEN`` or one
+    generated and printed, never a config value); ``max_turn_tokens``: the most tokens one reply
+    may have (``rollout.max_new_tokens``)."""
 
     def __init__(self, generator, tokenizer, agent_cfg: dict, max_turn_tokens: int):
         self.agent_fn = load_agent_fn(agent_cfg["openai_fn"])
@@ -113,7 +115,7 @@ class OpenAIAgentRollout:
         self.max_concurrency = int(agent_cfg.get("max_concurrency", 64))
         self.endpoint = PolicyEndpoint(generator, tokenizer, host=agent_cfg.get("openai_host", "127.0.0.1"),
                                        port=int(agent_cfg.get("openai_port", 0)), max_new_tokens=max_turn_tokens,
-                                       max_batch=self.max_concurrency).start()
+                                       max_response_tokens=agent_cfg.get("max_tokens"), max_batch=self.max_concurrency).start()
         self.endpoint.open = False
         self.errors: list[str] = []  # the last agent failures (first lines), for logs
 

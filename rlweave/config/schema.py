@@ -322,6 +322,14 @@ class AgentConfig:
 
     # make_toolbox entries: "calculator", {name: search, ...}, {mcp: {command: [...]}}; empty = single-turn
     tools: List[Any] = field(default_factory=list)
+    # user agent code over the OpenAI API instead of the built-in loop (rlweave/agents/openai_rollout.py):
+    # module:function or file.py:function taking (openai.OpenAI client, Prompt), returning the final answer;
+    # the rollout worker's engine serves it at /v1/chat/completions (openai_host:openai_port, loopback by default)
+    openai_fn: Optional[str] = None
+    episode_timeout_s: float = field(default=120.0, metadata={"min": 1e-3})  # openai_fn: an episode's wall time
+    max_concurrency: int = positive(64)  # openai_fn: episodes run at once (threads), and the largest generation batch
+    openai_host: str = "127.0.0.1"
+    openai_port: int = non_negative(0)  # 0: a free port
     max_turns: int = positive(4)  # model turns per episode
     max_tokens: int = positive(256)  # response tokens per episode (model turns and observations); rollout.max_new_tokens bounds one turn
     tool_timeout_s: float = field(default=10.0, metadata={"min": 1e-3})  # per call, for entries that set no timeout_s

@@ -60,7 +60,7 @@ class LLMRunner(RunnerBase):
         self._logged_initial_eval = False
         self._best_eval: float | None = None  # the best evaluation's accuracy so far (the SFT stop rule's approach)
         self.agent_cfg = OmegaConf.to_container(self.cfg.agent)
-        self.agent = bool(self.agent_cfg["tools"])  # multi-turn tool use (rlweave/agents)
+        self.agent = bool(self.agent_cfg["tools"] or self.agent_cfg["openai_fn"])  # multi-turn tool use (rlweave/agents)
         self._tool_specs: list | None = None
 
     def _layout_candidates(self, cluster: Cluster) -> list:

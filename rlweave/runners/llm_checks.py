@@ -101,9 +101,9 @@ def check_llm(cfg: DictConfig):
 
 
 def _check_agent(cfg: DictConfig) -> None:
-    """``agent.tools``: every entry builds (one line naming ``agent.tools[i]``), and a tokenizer
-    loaded from a folder has a chat template (one trained here gets rlweave's)."""
-    if not cfg.agent.tools:
+    """``agent.tools``: every entry builds (one line naming ``agent.tools[i]``); ``agent.openai_fn``
+    loads; and a tokenizer loaded from a folder has a chat template (one trained here gets rlweave's)."""
+    if not (cfg.agent.tools or cfg.agent.openai_fn):
         return
     from rlweave.agents.rollout import tool_specs
     from rlweave.agents.tools import ToolConfigError
@@ -112,6 +112,13 @@ def _check_agent(cfg: DictConfig) -> None:
         tool_specs(OmegaConf.to_container(cfg.agent))
     except ToolConfigError as e:
         raise ConfigError(str(e)) from None
+    if cfg.agent.openai_fn:  # user agent code (rlweave/agents/openai_rollout.py): it must load here first
+        from rlweave.agents.openai_rollout import load_agent_fn
+
+        try:
+            load_agent_fn(cfg.agent.openai_fn)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     folder = cfg.model.tokenizer or cfg.model.path
     if folder and (Path(folder) / "tokenizer_config.json").is_file():
         conf = json.loads((Path(folder) / "tokenizer_config.json").read_text())

@@ -52,7 +52,11 @@ class LMRolloutWorker(Worker):
                                         kernels=model_spec.get("kernels", "auto"))
         self.task = make_task(task_cfg)
         self.agent = None
-        if agent_cfg and agent_cfg.get("tools"):
+        if agent_cfg and agent_cfg.get("openai_fn"):  # user agent code over the OpenAI API, served by this engine
+            from rlweave.agents.openai_rollout import OpenAIAgentRollout
+
+            self.agent = OpenAIAgentRollout(self.generator, self.tokenizer, agent_cfg, rollout_cfg["max_new_tokens"])
+        elif agent_cfg and agent_cfg.get("tools"):
             from rlweave.agents.rollout import AgentRollout
 
             self.agent = AgentRollout(self.generator, self.tokenizer, agent_cfg, rollout_cfg["max_new_tokens"])
