@@ -155,3 +155,137 @@ def test_observation_suffix_refuses_a_template_that_rewrites_history(tok, box):
 
     with pytest.raises(RuntimeError, match="rewrites history"):
         observation_ids(Rewriting(tok), messages, obs, box.specs())
+
+
+class ScriptedThenModel(Scripted):
+    """The first turn scripted (a tool call), every later one sampled by a real engine from the
+    episode's token ids: the engine's tokens then follow an observation inside the response."""
+
+    def __init__(self, tok, first: str, engine):
+        super().__init__(tok, [first])
+        self.engine, self.version = engine, engine.version
+
+    def generate_ids(self, prompt_ids, **kw):
+        if self.k == 0:
+            return super().generate_ids(prompt_ids, **kw)
+        return self.engine.generate_ids(prompt_ids, **kw)
+
+
+def _tiny_model(tok, seed=0):
+    return build_causal_lm(len(tok), "qwen3", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                           intermediate_size=64, max_positions=512, seed=seed)
+
+
+def test_trainer_scores_model_tokens_after_an_observation_as_the_engine_sampled_them(tok, box):
+    from rlweave.generation.hf_generator import HFGenerator
+    from rlweave.models.causal_lm import CausalLMPolicy, response_batch
+
+    model = _tiny_model(tok)
+    policy = ScriptedThenModel(tok, CALL % "1234 * 5678", HFGenerator(model, tok, max_new_tokens=6, temperature=0.7))
+    trajs = AgentLoop(policy, tok, box, max_turns=2, max_tokens=200).run([QUESTION], n=3, seed=3)
+    b = response_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs], tok.pad_token_id)
+    with torch.no_grad():
+        scored = CausalLMPolicy(model).eval().forward_responses(**{k: torch.as_tensor(v) for k, v in b.items()},
+                                                                 with_entropy=False, temperature=0.7)["logprobs"]
+    for i, t in enumerate(trajs):
+        first = t.loss_mask.index(0)  # the first observation token
+        second = first + t.loss_mask[first:].index(1)  # the engine's turn, after the observation
+        assert second > first and t.turns == 2 and t.tool_calls[0]["error"] is None
+        got = scored[i, second: len(t.response_ids)]
+        torch.testing.assert_close(got, torch.tensor(t.logprobs[second:]), atol=1e-4, rtol=0)
+
+
+# --------------------------------------------------------------------------- masks in training
+def _actor(tmp_path, tok, algo_overrides=()):
+    from omegaconf import OmegaConf
+
+    from rlweave.cluster.worker import WorkerContext, _bind
+    from rlweave.config import load_config
+    from rlweave.workers.lm_actor import LMActorWorker
+
+    cfg = load_config("grpo-arith", ["model.hidden_size=32", "model.num_layers=2", "model.intermediate_size=64",
+                                     "algorithm.minibatch_size=8", *algo_overrides])
+    tok.save_pretrained(tmp_path / "tok")
+    ctx = WorkerContext(group="actor_mask_test", rank=0, world_size=1, slot=None, slot_kind="cpu", num_threads=1, local=True)
+    return _bind(LMActorWorker, ctx, (OmegaConf.to_container(cfg.model), str(tmp_path / "tok"),
+                                      OmegaConf.to_container(cfg.algorithm), 0, 1.0, {"attention": "eager"}), {})
+
+
+def _rows(tok, holes: bool, seed=0):
+    from rlweave.models.causal_lm import response_batch
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = [[5, 6, 7, 8], [9, 10, 11]] * 4
+    lengths = [12, 9, 7, 12, 10, 8, 12, 11]
+    responses = [torch.randint(20, 250, (n,), generator=g).tolist() for n in lengths]
+    b = response_batch(prompts, responses, tok.pad_token_id)
+    B, R = b["response_ids"].shape
+    valid = np.arange(R)[None, :] < b["resp_len"][:, None]
+    loss_mask = valid.astype(np.int8)
+    if holes:
+        loss_mask[:, 3:6] = 0  # an observation in the middle of every response
+    b.update(loss_mask=loss_mask, advantages=torch.randn(B, R, generator=g).numpy() * (valid & loss_mask.astype(bool)),
+             rollout_logprobs=np.zeros((B, R), np.float32))
+    return b
+
+
+def _params(worker):
+    return {k: v.detach().clone() for k, v in worker.policy.state_dict().items()}
+
+
+def test_single_turn_rows_with_an_all_ones_loss_mask_train_identically(tmp_path, tok):
+    a, b = _actor(tmp_path, tok), _actor(tmp_path, tok)
+    rows = _rows(tok, holes=False)
+    plain = {k: v for k, v in rows.items() if k != "loss_mask"}
+    out_a, out_b = a.update(plain), b.update(rows)
+    assert {k: v for k, v in out_a.items() if not k.startswith(("time/", "peak"))} == \
+           {k: v for k, v in out_b.items() if not k.startswith(("time/", "peak"))}
+    pa, pb = _params(a), _params(b)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_observation_tokens_carry_no_loss_ratio_kl_or_entropy(tmp_path, tok):
+    """Two actors take the same update, one with everything at observation positions perturbed
+    (advantages, anchor and reference log-probs): the same loss terms and the same new weights."""
+    algo = ["algorithm.kl_coef=0.1", "algorithm.ent_coef=0.01", "algorithm.epochs=2"]
+    a, b = _actor(tmp_path, tok, algo), _actor(tmp_path, tok, algo)
+    rows = _rows(tok, holes=True)
+    scored = a.score(rows)
+    assert "ref_logprobs" in scored
+    obs = ~rows["loss_mask"].astype(bool)
+    noisy = {**rows, **scored}
+    noisy = {k: (v + 0.7 * obs if k in ("advantages", "logprobs", "ref_logprobs", "rollout_logprobs") else v) for k, v in noisy.items()}
+    clean = {**rows, "old_logprobs": scored["logprobs"], "ref_logprobs": scored["ref_logprobs"]}
+    noisy = {**noisy, "old_logprobs": noisy.pop("logprobs")}
+    out_a, out_b = a.update(clean), b.update(noisy)
+    for k in ("loss_policy", "loss_kl", "loss_entropy", "entropy", "kl", "clip_fraction", "tokens"):
+        assert out_a[k] == out_b[k], k
+    assert out_a["tokens"] == int((rows["loss_mask"].astype(bool) & (np.arange(rows["response_ids"].shape[1]) < rows["resp_len"][:, None])).sum())
+    pa, pb = _params(a), _params(b)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gae", "reinforce_pp", "reinforce_pp_baseline"])
+def test_token_estimators_skip_observation_tokens(estimator):
+    """A row with an observation in the middle gets, on its model tokens, exactly the advantages
+    (and returns) of the same row without it; 0 on the observation."""
+    from rlweave.algorithms.llm import token_advantages
+
+    g = torch.Generator().manual_seed(0)
+    lengths = [5, 3, 6, 4]
+    scores, groups = torch.tensor([1.0, 0.0, 0.5, 0.0]), torch.tensor([0, 0, 1, 1])
+    plain = torch.arange(6)[None, :] < torch.tensor(lengths)[:, None]
+    values, kl = torch.randn(4, 6, generator=g) * plain, torch.rand(4, 6, generator=g) * plain
+    holed = torch.zeros(4, 9, dtype=torch.bool)
+    cols = [[0, 1] + [c + 3 for c in range(2, n)] for n in lengths]  # 3 observation tokens after 2 model tokens
+    v2, k2 = torch.zeros(4, 9), torch.zeros(4, 9)
+    for i, c in enumerate(cols):
+        holed[i, c], v2[i, c], k2[i, c] = True, values[i, : len(c)], kl[i, : len(c)]
+    kw = dict(kl_coef=0.1, gamma=0.9, lam=0.8)
+    a1, r1 = token_advantages(estimator, scores, plain, groups, values=values, kl=kl, **kw)
+    a2, r2 = token_advantages(estimator, scores, holed, groups, values=v2, kl=k2, **kw)
+    for i, c in enumerate(cols):
+        torch.testing.assert_close(a2[i, c], a1[i, : len(c)])
+        if r1 is not None:
+            torch.testing.assert_close(r2[i, c], r1[i, : len(c)])
+    assert float(a2[~holed].abs().sum()) == 0.0

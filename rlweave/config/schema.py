@@ -333,6 +333,9 @@ class AgentConfig:
     max_turns: int = positive(4)  # model turns per episode
     max_tokens: int = positive(256)  # response tokens per episode (model turns and observations); rollout.max_new_tokens bounds one turn
     tool_timeout_s: float = field(default=10.0, metadata={"min": 1e-3})  # per call, for entries that set no timeout_s
+    # SFT on an agent task without data.path: this many expert traces (the task's scripted expert with
+    # the real tools) are written to RUN/traces.jsonl and trained on
+    sft_traces: int = positive(1000)
 
 
 @dataclass

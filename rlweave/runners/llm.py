@@ -116,8 +116,22 @@ class LLMRunner(RunnerBase):
             from rlweave.data.sft_data import SFTData, read_sft_jsonl
 
             d = cfg.data
-            examples = read_sft_jsonl(d.path, d.prompt_key, d.response_key, self.tokenizer) if d.path else None
+            path = d.path or self._expert_traces()
+            examples = read_sft_jsonl(path, d.prompt_key, d.response_key, self.tokenizer) if path else None
             self.data = SFTData(self.tokenizer, examples, None if examples else self.task, d.max_tokens, d.packing)
+
+    def _expert_traces(self) -> Path | None:
+        """SFT on an agent task without ``data.path``: ``agent.sft_traces`` traces of the task's
+        scripted expert (real tool calls and results) written once to ``RUN/traces.jsonl``."""
+        if not (self.agent and hasattr(self.task, "expert_trace")):
+            return None
+        path = self.run_dir / "traces.jsonl"
+        if not path.is_file():
+            from rlweave.agents.traces import write_traces
+
+            stats = write_traces(self.task, self.cfg.agent.sft_traces, path, seed=self.cfg.seed)
+            print(f"[rlweave] {stats['written']} expert traces written to {path} ({stats['missed']} expert misses skipped)")
+        return path
 
     def _init_weights(self) -> Path | None:
         """Where the weights start: ``init.checkpoint``, else the SFT warm-up's result (run first,
