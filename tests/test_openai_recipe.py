@@ -1,6 +1,7 @@
 """Recipe grpo-openai-calc end to end on a tiny Qwen3: user agent code (examples/openai_agent.py, the
 ``openai`` package) runs against the rollout worker's endpoint, its recorded trajectories are the
-rows GRPO trains on (the update's own forward agrees with the recorded log-probs), and a wrong
+rows GRPO trains on (the update's own forward agrees with the recorded log-probs), the reward
+function reads each episode's conversation, and a wrong
 ``agent.openai_fn`` is refused on one line before anything starts."""
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ def test_wrong_agent_function_is_refused_before_start(tmp_path):
 
 
 def test_grpo_trains_on_the_openai_agents_recorded_trajectories(tmp_path):
-    LLMRunner(load_config("grpo-openai-calc", TINY), tmp_path / "run").run()
+    overrides = TINY + ["task.reward_fn=openai_rewards:conversation_length", "task.reward_on_error=raise"]
+    LLMRunner(load_config("grpo-openai-calc", overrides), tmp_path / "run").run()
     (record,) = read_metrics(tmp_path / "run")
     assert record["train/turns_per_trajectory"] >= 1  # every episode called the endpoint
+    assert record["train/reward"] >= 3  # the reward function read each episode's conversation (system, user, reply, ...)
     assert record["rollout/logprob_gap_max"] < 1e-4  # recorded behaviour log-probs == the update's forward
     assert record["train/response_length"] > 0 and record["time/update"] > 0
     assert (tmp_path / "run" / "model" / "config.json").is_file()

@@ -9,8 +9,13 @@ under the episode's own id, runs the episodes concurrently in threads (their cal
 the endpoint), and turns each episode's recorded trajectory into a training row: ``prompt_ids``,
 ``response_ids`` with ``loss_mask`` (1 on generated tokens, 0 on observation tokens) and behaviour
 log-probs, exactly the rows the built-in agent loop (:mod:`rlweave.agents.loop`) produces, so the
-runner and the actor train on them unchanged. The row's text for the reward is the function's
-return value (else the last reply's content): the task's verifier or ``task.reward_fn`` scores it.
+runner and the actor train on them unchanged.
+
+Reward: rlweave's one reward contract, ``task.reward_fn`` = ``module:function(prompt, response)``
+(else the task's verifier), where ``response`` is the episode's final answer (the function's
+return value, else the last reply's content) and ``prompt`` is the task's prompt (``id``,
+``text``, gold ``answer``, ``meta``) with the episode's conversation in ``prompt.meta["messages"]``
+(every message of the last call plus the reply it got), so a reward can judge the tool use too.
 
 One row per episode (GRPO's groups are ``n`` rows per prompt): an episode the agent code split by
 rewriting its history (:mod:`rlweave.agents.recorder`) trains on its last trajectory, the one that
@@ -121,7 +126,8 @@ class OpenAIAgentRollout:
 
     def generate(self, prompts: Sequence[Prompt], n: int, seed: int, greedy: bool = False) -> tuple[dict, list[str]]:
         """``n`` episodes per prompt, prompt-major; returns the rows (with ``group``, ``loss_mask``,
-        ``agent`` counts and the policy ``version``) and each episode's final answer text."""
+        ``agent`` counts, the policy ``version`` and ``prompts``: each episode's prompt with its
+        conversation, what the reward reads) and each episode's final answer text."""
         ep = self.endpoint
         ep.recorder.clear()
         ep.batcher.seed, ep.batcher.greedy = int(seed), bool(greedy)
@@ -140,7 +146,7 @@ class OpenAIAgentRollout:
         finally:
             ep.open = False  # abandoned episodes' next calls are refused; the ones accepted finish now
             ep.batcher.wait_idle()
-        rows, texts = [], []
+        rows, texts, scored = [], [], []
         for eid, prompt in episodes:
             answer, failed = results.get(eid, (None, True))
             segments = ep.recorder.pop(eid)
@@ -149,8 +155,10 @@ class OpenAIAgentRollout:
             if answer is None and segments and segments[-1].replies:
                 answer = segments[-1].replies[-1].get("content")
             texts.append(answer if isinstance(answer, str) else "")
+            messages = segments[-1].messages if segments else []
+            scored.append(Prompt(prompt.id, prompt.text, prompt.answer, {**prompt.meta, "messages": messages}))
         out = {k: [r[k] for r in rows] for k in ("prompt_ids", "response_ids", "logprobs", "loss_mask", "finished", "agent")}
-        out.update(group=[i // n for i in range(len(rows))], version=int(getattr(ep.engine, "version", -1)))
+        out.update(group=[i // n for i in range(len(rows))], version=int(getattr(ep.engine, "version", -1)), prompts=scored)
         return out, texts
 
     def _episode(self, eid: str, prompt: Prompt, results: dict, slots: threading.BoundedSemaphore) -> None:

@@ -132,7 +132,9 @@ class LMRolloutWorker(Worker):
         out, texts = self._responses(prompts, n, seed)
         t1 = time.perf_counter()
         failed = self._failures()
-        rewards = score_responses(self.task, [prompts[g] for g in out["group"]], texts, self.reward_fn)
+        # agent code over the OpenAI API gives each episode's prompt with its conversation (meta["messages"])
+        scored = out.pop("prompts", None) or [prompts[g] for g in out["group"]]
+        rewards = score_responses(self.task, scored, texts, self.reward_fn)
         return {**out, "rewards": rewards, "reward_failures": self._failures() - failed, "time/generate": t1 - t0,
                 "time/reward": time.perf_counter() - t1}
 
