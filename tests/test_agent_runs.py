@@ -1,0 +1,73 @@
+"""Agent runs end to end on a tiny Qwen3 (#26): SFT on expert tool-use traces trains only the
+assistant tokens; a grpo-calc-style run (the SFT warm-up on the calc task's traces, then GRPO with the
+calculator, multi-turn) logs the agent figures and trains on rows whose observations are masked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+from rlweave.config import ConfigError, load_config  # noqa: E402
+from rlweave.runners.llm import LLMRunner  # noqa: E402
+from rlweave.utils.metrics import read_metrics  # noqa: E402
+
+TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.num_kv_heads=2",
+        "model.intermediate_size=64", "model.vocab_size=600", "run.progress=false", "run.tensorboard=false",
+        "task.eval_prompts=4", "cluster.num_cpus=2", "cluster.local=true"]
+
+
+def test_sft_rows_of_tool_use_traces_target_only_the_assistant_turns(tmp_path):
+    from rlweave.agents.traces import write_traces
+    from rlweave.data.sft_data import SFTData, read_sft_jsonl
+    from rlweave.envs.text_tasks import make_task
+    from rlweave.models.causal_lm import train_tokenizer
+    from rlweave.models.chat_template import add_chat_template, render_text
+
+    stats = write_traces(make_task({"name": "calc"}), 6, tmp_path / "traces.jsonl")
+    assert stats["written"] == 6
+    plain = read_sft_jsonl(tmp_path / "traces.jsonl")
+    assert all(e.multi_turn and e.tools for e in plain)
+    tok = add_chat_template(train_tokenizer([render_text(e.messages, e.tools) for e in plain], vocab_size=400))
+    data = SFTData(tok, read_sft_jsonl(tmp_path / "traces.jsonl", tokenizer=tok), max_tokens=512)
+    batch = data.batch(6, seed=0)
+    for ids, target in zip(batch["input_ids"], batch["target_mask"]):
+        learnt = tok.decode(ids[target])
+        assert learnt.startswith('<tool_call>{"name": "calculator", "arguments": {"expression": "')
+        assert learnt.count("<|im_end|>") == 2 and "The answer is" in learnt
+        assert "<tool_response>" in tok.decode(ids) and "<tool_response>" not in learnt  # observations: context only
+
+
+def test_agent_tools_are_checked_before_start(tmp_path):
+    with pytest.raises(ConfigError, match=r"agent.tools\[0\]: unknown tool 'abacus'"):
+        LLMRunner(load_config("grpo-calc", [*TINY, "agent.tools=[abacus]", "init.sft_recipe=null"]), tmp_path / "never")
+    with pytest.raises(ConfigError, match=r"task.max_prompt_tokens \+ agent.max_tokens"):
+        LLMRunner(load_config("grpo-calc", [*TINY, "model.max_positions=128", "init.sft_recipe=null"]), tmp_path / "never")
+
+
+def test_grpo_calc_style_run_warms_up_on_traces_then_trains_multi_turn(tmp_path):
+    overrides = [*TINY, "init.sft_overrides=['train.total_updates=4','train.updates_per_iteration=2','algorithm.minibatch_size=8',"
+                 "'train.stop_at_eval=null','agent.sft_traces=32']",
+                 "rollout.prompts_per_iteration=2", "algorithm.group_size=4", "rollout.max_new_tokens=24", "agent.max_tokens=64",
+                 "train.total_iterations=2", "train.eval_every=2", "train.checkpoint_every=0"]
+    runner = LLMRunner(load_config("grpo-calc", overrides), tmp_path / "run")
+    runner.run()
+    sft = read_metrics(tmp_path / "run" / "sft")
+    assert (tmp_path / "run" / "sft" / "traces.jsonl").is_file() and sft[-1]["updates"] == 4
+    assert sft[-1]["train/loss_sft"] < sft[1]["train/loss_sft"] or len(sft) == 2
+    assert "eval/format_valid" in sft[-1]  # the warm-up is evaluated multi-turn
+    records = read_metrics(tmp_path / "run")
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    first = records[1]
+    for key in ("train/tool_calls_per_trajectory", "train/turns_per_trajectory", "train/format_valid", "train/finished",
+                "train/tool_errors/invalid_json", "train/tool_errors/timeout", "eval/tool_calls_per_trajectory", "train/loss_policy"):
+        assert key in first or key in records[2], key
+    assert 1.0 <= first["train/turns_per_trajectory"] <= 3.0
+    assert all(np.isfinite(r["train/loss_policy"]) for r in records[1:])
+    # trainer and engine score the same model tokens with the same weights, observations or not
+    assert first["rollout/logprob_gap"] < 1e-4
+    assert runner.tokenizer.chat_template and (tmp_path / "run" / "model" / "config.json").is_file()
+    assert Path(tmp_path / "run" / "sft" / "model" / "tokenizer_config.json").is_file()
