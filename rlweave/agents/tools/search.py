@@ -32,6 +32,30 @@ JSONL_SUFFIXES = (".jsonl",)
 _TEXT_KEYS = ("text", "contents", "content")
 
 
+def import_bm25s() -> Any:
+    """``import bm25s`` without letting it import jax.
+
+    Why: when jax is installed, bm25s imports it and runs a jax ``top_k`` at import time, which
+    starts an XLA backend: seconds of start-up in every process that builds a search tool, and on a
+    GPU machine jax's default preallocation of most of the GPU's memory beside the policy. bm25s
+    falls back to its numpy top-k (same results) when the import fails, so jax is hidden while
+    bm25s loads, unless something in this process has imported jax already.
+    """
+    import sys
+
+    if "bm25s" in sys.modules:
+        return sys.modules["bm25s"]
+    hide = "jax" not in sys.modules
+    if hide:
+        sys.modules["jax"] = None  # type: ignore[assignment]  # makes `import jax` raise ImportError
+    try:
+        import bm25s
+    finally:
+        if hide and sys.modules.get("jax", 0) is None:
+            del sys.modules["jax"]
+    return bm25s
+
+
 def corpus_files(corpus: Path) -> list[Path]:
     if corpus.is_file():
         return [corpus]
@@ -110,9 +134,7 @@ class BM25Index:
     """A bm25s retriever plus the passages it returns; built or loaded from its cache folder."""
 
     def __init__(self, corpus: str | os.PathLike, index_dir: str | os.PathLike | None = None, passage_words: int = 200):
-        import bm25s
-
-        self._bm25s = bm25s
+        self._bm25s = bm25s = import_bm25s()
         self.corpus = Path(corpus).expanduser()
         if not self.corpus.exists():
             raise ToolConfigError(f"corpus not found: {self.corpus}")
