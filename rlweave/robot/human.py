@@ -142,7 +142,7 @@ class GamepadDevice(_AxesDevice):
             import pygame
         except ImportError:
             raise ImportError("GamepadDevice needs pygame: pip install pygame") from None
-        pygame.init()
+        pygame.display.init()  # the event queue the pad's state comes through (no audio, no window: dummy driver)
         pygame.joystick.init()
         if pygame.joystick.get_count() <= index:
             raise RuntimeError(f"gamepad {index}: {pygame.joystick.get_count()} connected")

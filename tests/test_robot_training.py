@@ -1,9 +1,13 @@
-"""Must show (#28 item 2): the robot server runs in its own network namespace, reached over a veth
+"""Training through a remote robot, end to end (one Ray for both runs).
+
+Must show (#28 item 2): the robot server runs in its own network namespace, reached over a veth
 pair; a short SAC run trains through it; the link is taken down mid-episode and brought back. The
 run goes on: the episode is marked aborted, the robot was held (e-stop) within the documented
 time, every step the robot applied is in the learner's replay exactly once, and the run finishes.
+Needs root and ``ip netns`` (CI runs as root in a container where it works); skipped otherwise.
 
-Needs root and ``ip netns`` (CI runs as root in a container where it works); skipped otherwise."""
+And HG-DAgger through a (loopback) remote robot with a scripted human as the operator: its
+commanded actions are the labels, only its takeover steps are stored."""
 
 from __future__ import annotations
 
@@ -19,11 +23,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import ray
 
+from rlweave.robot.human import DEFAULT_OPERATOR, HumanOperator
 from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint
 from tests.helpers import QUIET, read_metrics, train
 
 HEARTBEAT = 0.5
+SWING_UP = "rlweave.envs.controllers:pendulum_swing_up"
 
 
 def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -142,3 +149,29 @@ def test_sac_trains_through_a_robot_in_another_namespace_and_survives_a_link_dro
     summary = lines[-1]["latency"]
     print(f"\nremote-step latency over veth: p50 {summary['p50_ms']:.3f} ms, p99 {summary['p99_ms']:.3f} ms "
           f"(n={summary['n']}); reconnects {lines[-1]['reconnects']}")
+
+
+def test_hg_dagger_through_a_remote_robot_with_a_scripted_human(ray_session, tmp_path):
+    from rlweave.robot.driver import SimDriver
+    from rlweave.robot.server import Limits, ServerThread
+    from rlweave.serving import ServerSecurity
+
+    sec = ServerSecurity.create("robot server")
+    operator = ray.remote(HumanOperator).options(name=DEFAULT_OPERATOR).remote("scripted", [-2.0], [2.0], SWING_UP)
+    with ServerThread(lambda: SimDriver("Pendulum-v1"), sec, Limits(heartbeat_timeout_s=2.0)) as srv:
+        run_dir = tmp_path / "hg"
+        rc, out = train("hg-dagger-pendulum", f"env.id=remote/127.0.0.1:{sec.port}", "imitation.gate=operator",
+                        f"imitation.operator={DEFAULT_OPERATOR}", "imitation.expert=rlweave.robot.human:operator_action",
+                        "policy.hidden=[32,32]", "algorithm.batch_size=32", "train.rollout_steps=100", "train.total_env_steps=200",
+                        "train.eval_every=0", f"run.dir={run_dir}", *QUIET)
+        assert rc == 0, out
+        robot_steps = srv.call(lambda: srv.server.counters["steps"])
+    rows = read_metrics(run_dir)
+    interventions = sum(r["samples/interventions"] for r in rows)
+    assert robot_steps == 200 == rows[-1]["env_steps"]
+    assert 0 < interventions < 200 and [r["samples/labels"] for r in rows] == [r["samples/interventions"] for r in rows]
+    assert ray.get(operator.counts.remote())["takeovers"] == interventions
+    replay = load_checkpoint(latest_checkpoint(run_dir))["replay"][0]
+    stored = replay["rings"]["online"]["size"] + sum(len(it["transitions"]["reward"]) for it in replay["staged"])
+    assert stored == interventions  # only the human's corrections were stored
+    ray.kill(operator)
