@@ -11,6 +11,8 @@ the connection stays open. ``{"__ctrl__": ...}`` messages (newer openpi clients)
 
 Batching: requests from all connections go to one queue; the batcher takes the first, waits at
 most ``batch_window_ms`` for more (up to ``max_batch``), and runs one forward pass for all of them
+(the wait ends early once every open connection has a request in the batch: an openpi client has
+one request in flight at a time, so nothing else can join; one robot alone is never delayed)
 on a single inference thread, so the event loop keeps receiving while the model runs and requests
 that arrive during a pass form the next batch. Each reply's ``server_timing`` holds its own queue,
 inference and total milliseconds and the batch size; p50/p99 over all requests go to the log every
@@ -104,6 +106,7 @@ class PolicyServer:
         self.stats = LatencyStats()
         self._metadata = packb(served.metadata())
         self._queue: asyncio.Queue[_Pending] | None = None
+        self._connections = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlweave-infer")  # one model, one thread
         self.url: str | None = None
 
@@ -122,6 +125,7 @@ class PolicyServer:
     async def _handle(self, ws: Any) -> None:
         from websockets.exceptions import ConnectionClosed
 
+        self._connections += 1
         try:
             await ws.send(self._metadata)
             prev_total_ms: float | None = None
@@ -139,6 +143,8 @@ class PolicyServer:
                     await ws.send(reply)
         except ConnectionClosed as e:
             self.security.note_closed(e)
+        finally:
+            self._connections -= 1
 
     async def _answer(self, message: Any, received: float) -> dict | str | bytes:
         """The reply to one message: actions (dict), an acknowledgement (bytes) or an error (str)."""
@@ -170,7 +176,7 @@ class PolicyServer:
         while True:
             batch = [await self._queue.get()]
             deadline = loop.time() + self.batch_window_s
-            while len(batch) < self.max_batch:
+            while len(batch) < min(self.max_batch, max(1, self._connections)):
                 timeout = deadline - loop.time()
                 if timeout <= 0 and self._queue.empty():
                     break
