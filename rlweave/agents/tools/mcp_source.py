@@ -6,9 +6,10 @@ from any event loop or from plain threads (:meth:`ToolBox.execute_sync`). So one
 owns a loop and a *holder task* that keeps the session open; calls are submitted to that loop with
 ``run_coroutine_threadsafe`` and awaited from the caller's loop.
 
-Failure policy: when the server dies (process killed, connection closed), the calls in flight fail
-with :class:`ToolServerDied` (``server_died``), the session is marked dead, and the next call starts
-the server again (``command``) or reconnects (``url``); :attr:`MCPSource.restarts` counts those.
+Failure policy: when the server dies (process killed, connection closed), the calls in flight (and
+a call that finds the connection already closed) fail with :class:`ToolServerDied` (``server_died``),
+never retried since a tool may have side effects; the session is marked dead, and the next call
+starts the server again (``command``) or reconnects (``url``); :attr:`MCPSource.restarts` counts those.
 A tool error reported by the server (``isError``) is ``failed``, with the server's text.
 """
 
@@ -207,11 +208,11 @@ class MCPSource:
         fut = asyncio.run_coroutine_threadsafe(self._call(name, arguments), self._loop)
         return await asyncio.wrap_future(fut)
 
-    def tools(self, timeout_s: float = 30.0) -> list[MCPTool]:
-        """Starts the source and wraps each listed tool as an :class:`MCPTool`."""
+    def tools(self, call_timeout_s: float = 30.0) -> list[MCPTool]:
+        """Starts the source and wraps each listed tool as an :class:`MCPTool` (``call_timeout_s`` each)."""
         listed = self.start()
         return [MCPTool(self, t.name, t.description or "", dict(_field(t, "input_schema", "inputSchema") or {}),
-                        prefix=self.prefix, timeout_s=timeout_s) for t in listed]
+                        prefix=self.prefix, timeout_s=call_timeout_s) for t in listed]
 
     def close(self) -> None:
         """Stops the session (and the server process), then the loop thread. Idempotent."""
