@@ -93,6 +93,18 @@ def test_a_second_trainer_is_refused_naming_the_holder():
         second2.close()
 
 
+def test_a_vanished_trainers_claim_lapses_after_the_grace_period():
+    with _server(control_grace_s=0.5) as srv:
+        raw = Raw(srv)  # claims, then vanishes without releasing (a killed worker)
+        assert raw.ask("claim", session="v" * 16, name="vanished")["ok"]
+        raw.ws.close()
+        env = RemoteRobotEnv(srv.url, name="next")
+        t0 = time.monotonic()
+        env.reset(seed=0)  # waits for the claim to lapse, then takes control
+        assert time.monotonic() - t0 >= 0.3 and srv.call(lambda: srv.server.controller.name) == "next"
+        env.close()
+
+
 def test_actions_are_clipped_or_refused_by_the_rule():
     with _server(max_action_delta=0.5, max_rate_hz=40.0) as srv:
         raw = Raw(srv)

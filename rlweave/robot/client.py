@@ -179,7 +179,15 @@ class RemoteRobotEnv(gym.Env):
             raise RemoteRobotError(f"robot {self.url}: bad reply: {e}") from None
 
     def _claim(self) -> dict:
-        reply = self._call({"op": "claim", "session": self.session, "name": self.client_name}, self.step_timeout_s)
+        """Takes control. A holder that is disconnected (a run that ended without releasing, e.g.
+        its worker was killed) keeps its claim for the server's grace period: wait for it to lapse
+        (up to ``reconnect_timeout_s``); a connected holder is a refusal at once."""
+        deadline = time.monotonic() + self.reconnect_timeout_s
+        while True:
+            reply = self._call({"op": "claim", "session": self.session, "name": self.client_name}, self.step_timeout_s)
+            if reply["ok"] or reply.get("code") != "control_lapsing" or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         if not reply["ok"]:
             raise RemoteRobotError(f"robot {self.url}: {reply['error']}")
         self._controlling = True

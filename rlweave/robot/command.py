@@ -24,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-rate-hz", type=float, help="steps faster than this are delayed to it")
     p.add_argument("--max-action-delta", type=float, help="clip each action to this distance from the previous one")
     p.add_argument("--heartbeat-timeout", type=float, default=1.0, help="seconds without a message before the robot is held")
+    p.add_argument("--control-grace", type=float, default=15.0,
+                   help="seconds a disconnected trainer keeps its claim, to reconnect (others wait meanwhile)")
     p.add_argument("--max-episode-steps", type=int)
     p.add_argument("--events", help="append events (claims, holds, resets; steps with --log-steps) as JSON lines")
     p.add_argument("--log-steps", action="store_true")

@@ -57,7 +57,7 @@ class Limits:
     action_low: np.ndarray | None = None  # tighter than the driver's box, if given
     action_high: np.ndarray | None = None
     heartbeat_timeout_s: float = 1.0
-    control_grace_s: float = 60.0  # how long a lost controller's session keeps its claim
+    control_grace_s: float = 15.0  # how long a lost controller's session keeps its claim (to reconnect)
     camera_format: str = "jpeg"
     camera_quality: int = 90
 
@@ -241,6 +241,10 @@ class RobotServer:
             self.counters["refused_second_trainer"] += 1
             self._event("refuse_claim", name=msg["name"], holder=c.name)
             since = time.strftime("%H:%M:%S", time.localtime(time.time() - (now - c.since)))
+            if c.conn is None:  # lost, its claim not yet lapsed: a trainer may wait for it
+                left = self.limits.control_grace_s - (now - c.lost_at)
+                raise ProtocolError(f"control held by {c.name} (session {c.session[:8]}, since {since}; disconnected, "
+                                    f"its claim lapses in {left:.1f} s); one controlling trainer at a time", "control_lapsing")
             raise ProtocolError(f"control held by {c.name} (session {c.session[:8]}, since {since}); "
                                 "one controlling trainer at a time", "control")
         if c is not None and c.conn is not ws and self.episode_open and not self.aborted:
@@ -398,7 +402,7 @@ def run(args) -> int:
         print(f"rlweave: error: {e}", file=sys.stderr)
         return 2
     limits = Limits(max_rate_hz=args.max_rate_hz, max_action_delta=args.max_action_delta, heartbeat_timeout_s=args.heartbeat_timeout,
-                    camera_format=args.camera_format)
+                    control_grace_s=args.control_grace, camera_format=args.camera_format)
 
     async def serve() -> None:
         server = RobotServer(_driver_factory(args), sec, limits, events=args.events, log_steps=args.log_steps)
