@@ -214,8 +214,9 @@ class RobotServer:
                 return None
             out = await getattr(self, f"_op_{op}")(ws, msg)
         except ProtocolError as e:
-            self.security.refuse(e.code)
-            self.counters[f"refused_{e.code}"] += 1
+            if e.code in ("malformed", "schema", "oversize"):  # the request itself was bad: the server's refusal counts
+                self.security.refuse(e.code)
+            self.counters[f"refused_{e.code}"] += 1  # every refusal, rule breaks (control, held, limits, ...) included
             return {"ok": False, "id": rid, "code": e.code, "error": str(e)}
         except Exception as e:  # noqa: BLE001 - a driver failure: hold the robot, tell the client, keep serving
             self._hold(f"driver error: {type(e).__name__}: {e}", "error")
