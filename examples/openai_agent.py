@@ -4,7 +4,8 @@
 ``calculator`` function tool, runs the calls the model makes, sends the results back as ``tool``
 messages, and returns the model's final answer. Nothing in it knows about rlweave. rlweave trains
 it by serving the policy at an OpenAI-compatible endpoint and handing the function a client
-pointed there (recipe ``grpo-openai-calc``, whose ``agent.openai_fn`` names this function)::
+pointed there (recipe ``grpo-openai-calc``, whose ``agent.openai_fn`` names this function; run it
+from the repository root, where ``examples`` imports)::
 
     rlweave train grpo-openai-calc
 

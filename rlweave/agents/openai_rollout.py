@@ -140,7 +140,8 @@ class OpenAIAgentRollout:
                                         name=f"rlweave-agent-{eid}") for eid, p in episodes]
             for t in threads:
                 t.start()
-            deadline = time.monotonic() + self.timeout_s
+            waves = -(-len(episodes) // self.max_concurrency)  # episodes beyond max_concurrency wait for a slot
+            deadline = time.monotonic() + self.timeout_s * waves
             for t in threads:
                 t.join(timeout=max(0.0, deadline - time.monotonic()))
         finally:
