@@ -23,7 +23,7 @@ from rlweave.models import build_policy
 from rlweave.models.inputs import policy_input
 from rlweave.models.run_policy import load_run_policy, policy_kwargs
 from rlweave.serving.openpi_wire import WireError, packb, unpackb
-from rlweave.serving.served_policy import RequestError, observation_fields
+from rlweave.serving.served_policy import RequestError, observation_fields, parse_request
 from rlweave.utils.checkpoint import save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,3 +160,10 @@ def test_wire_format_and_request_contract():
         fields["observation/image"].parse(np.zeros((8, 8, 3), np.float32))
     with pytest.raises(RequestError, match="'prompt'.*longer than 16"):
         fields["prompt"].parse("x" * 40)
+    # the simulator's privileged state is optional (a robot has none; models ignore it): zeros when left out
+    space = gym.spaces.Dict({**space.spaces, "privileged": gym.spaces.Box(-np.inf, np.inf, (7,), np.float32)})
+    row = parse_request(observation_fields(space), {"observation/image": np.zeros((8, 8, 3), np.uint8),
+                                                    "observation/state": np.ones(4), "prompt": "go"})
+    assert sorted(row) == ["image", "instruction", "privileged", "state"] and not row["privileged"].any()
+    with pytest.raises(RequestError, match=r"missing key\(s\) \['observation/state'\]"):
+        parse_request(observation_fields(space), {"observation/image": np.zeros((8, 8, 3), np.uint8), "prompt": "go"})

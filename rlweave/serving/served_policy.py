@@ -26,10 +26,13 @@ from rlweave.models.inputs import float_observations, policy_input
 from rlweave.models.policies import Policy
 from rlweave.utils.tree import tree_stack
 
-__all__ = ["RequestError", "ObservationField", "ServedPolicy"]
+__all__ = ["RequestError", "ObservationField", "ServedPolicy", "observation_fields", "parse_request"]
 
 PROMPT_KEY = "prompt"
 INSTRUCTION_LEAF = "instruction"
+# the manipulation contract's simulator state: for scripted experts only, models ignore it and a
+# real robot has none, so a request may leave it out (it is then zeros)
+PRIVILEGED_LEAF = "privileged"
 
 
 class RequestError(ValueError):
@@ -46,11 +49,13 @@ class ObservationField:
     shape: tuple[int, ...]
     dtype: np.dtype
     text: bool = False
+    optional: bool = False
 
     def describe(self) -> dict:
         if self.text:
             return {"type": "str", "max_bytes": int(self.shape[0])}
-        return {"shape": list(self.shape), "dtype": str(self.dtype)}
+        out = {"shape": list(self.shape), "dtype": str(self.dtype)}
+        return {**out, "optional": True} if self.optional else out
 
     def parse(self, value: Any) -> np.ndarray:
         """``value`` as this leaf's array (one row), or RequestError naming the key."""
@@ -91,13 +96,31 @@ def observation_fields(space: gym.Space) -> list[ObservationField]:
             if leaf == INSTRUCTION_LEAF:
                 fields.append(ObservationField(PROMPT_KEY, leaf, tuple(sub.shape), np.dtype(sub.dtype), text=True))
             else:
-                fields.append(ObservationField(f"observation/{leaf}", leaf, tuple(sub.shape), np.dtype(sub.dtype)))
+                fields.append(ObservationField(f"observation/{leaf}", leaf, tuple(sub.shape), np.dtype(sub.dtype),
+                                               optional=leaf == PRIVILEGED_LEAF))
         return fields
     if not isinstance(space, gym.spaces.Box):
         raise ValueError(f"serving needs a Box or Dict observation space, got {type(space).__name__}")
     image = space.dtype == np.uint8 and len(space.shape) == 3
     return [ObservationField("observation/image" if image else "observation/state", None, tuple(space.shape),
                              np.dtype(space.dtype))]
+
+
+def parse_request(fields: list[ObservationField], request: Any) -> Any:
+    """One request as one observation row (array or dict of arrays); RequestError naming the first
+    missing, unknown or malformed key. An optional leaf left out is zeros."""
+    if not isinstance(request, dict):
+        raise RequestError(f"a request is a map of observation keys, got {type(request).__name__}")
+    known = {f.key for f in fields}
+    unknown = sorted(str(k) for k in request if k not in known)
+    if unknown:
+        raise RequestError(f"unknown key(s) {unknown}; expected {sorted(known)}")
+    missing = sorted(f.key for f in fields if f.key not in request and not f.optional)
+    if missing:
+        raise RequestError(f"missing key(s) {missing}; expected {sorted(known)}")
+    if fields[0].leaf is None:
+        return fields[0].parse(request[fields[0].key])
+    return {f.leaf: f.parse(request[f.key]) if f.key in request else np.zeros(f.shape, f.dtype) for f in fields}
 
 
 class ServedPolicy:
@@ -140,20 +163,8 @@ class ServedPolicy:
                 "action": action, "action_horizon": int(self.policy.chunk)}
 
     def parse(self, request: Any) -> Any:
-        """One request as one observation row (array or dict of arrays); RequestError naming the
-        first missing, unknown or malformed key."""
-        if not isinstance(request, dict):
-            raise RequestError(f"a request is a map of observation keys, got {type(request).__name__}")
-        known = {f.key for f in self.fields}
-        unknown = sorted(str(k) for k in request if k not in known)
-        if unknown:
-            raise RequestError(f"unknown key(s) {unknown}; expected {sorted(known)}")
-        missing = sorted(k for k in known if k not in request)
-        if missing:
-            raise RequestError(f"missing key(s) {missing}; expected {sorted(known)}")
-        if self.fields[0].leaf is None:
-            return self.fields[0].parse(request[self.fields[0].key])
-        return {f.leaf: f.parse(request[f.key]) for f in self.fields}
+        """One request as one observation row (see :func:`parse_request`)."""
+        return parse_request(self.fields, request)
 
     def infer(self, rows: list[Any]) -> np.ndarray:
         """Actions ``[len(rows), chunk, *action_shape]`` for parsed rows, in one forward pass."""
