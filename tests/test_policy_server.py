@@ -54,7 +54,7 @@ class _Server:
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, "OMP_NUM_THREADS": "1"})
         line = self.proc.stdout.readline()
-        if " at ws://" not in line:
+        if " at ws://" not in line and " at wss://" not in line:
             self.proc.kill()
             raise AssertionError(f"server did not start: {line}{self.proc.stderr.read()}")
         self.url = line.strip().rsplit(" at ", 1)[1]
@@ -140,6 +140,34 @@ def test_malformed_requests_get_errors_and_the_server_goes_on(run_dir):
     assert stats["requests"] == 1 and stats["errors"] == len(bad)
     assert stats["refusals"]["wrong_token"] == 1 and stats["refusals"]["malformed"] == len(bad)
     assert stats["refusals"]["oversize"] == 1
+
+
+def test_tls_serves_over_wss(run_dir, tmp_path):
+    """--tls-cert/--tls-key: wss:// (a self-signed certificate for 127.0.0.1, trusted by the
+    client); a client without the certificate cannot connect."""
+    import ssl
+
+    from websockets.sync.client import connect
+
+    if subprocess.run(["sh", "-c", "command -v openssl"], capture_output=True).returncode:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    server = _Server(run_dir, "--tls-cert", str(cert), "--tls-key", str(key), "--token", TOKEN)
+    try:
+        assert server.url.startswith("wss://127.0.0.1:")
+        trusted = ssl.create_default_context(cafile=str(cert))
+        with connect(server.url, ssl=trusted, additional_headers={"Authorization": f"Api-Key {TOKEN}"}) as ws:
+            assert unpackb(ws.recv())["action"]["shape"] == [1, 1]
+            ws.send(packb({"observation/state": np.zeros(3, np.float32)}))
+            assert unpackb(ws.recv())["actions"].shape == (1, 1)
+        with pytest.raises(ssl.SSLError):
+            connect(server.url, ssl=ssl.create_default_context())  # an untrusted certificate
+    finally:
+        stats, _ = server.stop()
+    assert stats["requests"] == 1
 
 
 def test_wire_format_and_request_contract():
