@@ -19,7 +19,8 @@ import pytest
 from helpers import QUIET, read_metrics, run_cli, train
 from rlweave.data.datasets import DatasetError, collect_dataset, load_transitions, open_dataset
 from rlweave.data.demos import load_demonstrations
-from rlweave.data.lerobot_format import LeRobotEpisode, LeRobotEpisodes, write_lerobot_dataset
+from rlweave.data.lerobot_format import LeRobotEpisode, write_lerobot_dataset
+from rlweave.data.lerobot_reader import LeRobotEpisodes
 from rlweave.envs.manipulation import decode_instruction, encode_instruction
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +67,8 @@ def test_export_writes_the_v3_layout(exported):
     stats = json.loads((path / "meta/stats.json").read_text())
     assert set(stats["action"]) == STATS and stats["index"]["max"] == [119]
     action = data.column("action").to_numpy()
-    assert stats["action"]["mean"] == [pytest.approx(float(action.mean()), rel=1e-5)]
+    assert stats["action"]["mean"] == [pytest.approx(float(action.mean()), rel=1e-5)]  # aggregated from the episodes'
+    assert stats["action"]["std"] == [pytest.approx(float(action.std()), rel=1e-4)]
 
 
 def test_read_back_as_the_same_demonstrations_and_transitions(exported):

@@ -52,7 +52,8 @@ def _data_dir(path: str | Path) -> Path:
 def open_dataset(path: str | Path):
     """The dataset at ``path``: a Minari dataset folder, or a LeRobot v3 folder (``meta/info.json``;
     :mod:`rlweave.data.lerobot_format`, read with the same interface, without Minari)."""
-    from rlweave.data.lerobot_format import LeRobotEpisodes, is_lerobot_dataset
+    from rlweave.data.lerobot_format import is_lerobot_dataset
+    from rlweave.data.lerobot_reader import LeRobotEpisodes
 
     if is_lerobot_dataset(path):
         return LeRobotEpisodes(path)

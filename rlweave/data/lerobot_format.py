@@ -39,8 +39,8 @@ import numpy as np
 
 from rlweave.data.datasets import DatasetError
 
-__all__ = ["CODEBASE_VERSION", "LeRobotEpisodes", "LeRobotEpisode", "is_lerobot_dataset", "write_lerobot_dataset",
-           "export_lerobot", "LeRobotFormatError"]
+__all__ = ["CODEBASE_VERSION", "LeRobotEpisode", "LeRobotFormatError", "is_lerobot_dataset", "write_lerobot_dataset",
+           "export_lerobot"]
 
 CODEBASE_VERSION = "v3.0"
 INFO_PATH = "meta/info.json"
@@ -122,6 +122,24 @@ def _stats(values: np.ndarray, image: bool = False) -> dict:
     return {k: v.tolist() for k, v in out.items()}
 
 
+def _aggregate(parts: list[dict]) -> dict:
+    """Dataset statistics from per-episode ones (nothing but the episodes' stats held in memory):
+    exact min, max, count, mean and (pooled) std; quantiles as the count-weighted mean of the
+    episodes' quantiles, as LeRobot aggregates them."""
+    arr = [{k: np.asarray(v, np.float64) for k, v in p.items()} for p in parts]
+    counts = np.array([float(a["count"][0]) for a in arr])
+    w = (counts / counts.sum()).reshape(-1, *([1] * arr[0]["mean"].ndim))
+    means = np.stack([a["mean"] for a in arr])
+    mean = (w * means).sum(0)
+    var = (w * (np.stack([a["std"] for a in arr]) ** 2 + means ** 2)).sum(0) - mean ** 2
+    out = {"min": np.min([a["min"] for a in arr], 0), "max": np.max([a["max"] for a in arr], 0), "mean": mean,
+           "std": np.sqrt(np.maximum(var, 0.0)), "count": np.array([int(counts.sum())])}
+    for k in arr[0]:
+        if k.startswith("q"):
+            out[k] = (w * np.stack([a[k] for a in arr])).sum(0)
+    return {k: v.tolist() for k, v in out.items()}
+
+
 def write_lerobot_dataset(episodes: Iterable[LeRobotEpisode], out: str | Path, observation_space: gym.Space,
                           action_space: gym.Space, fps: int, robot_type: str | None = None,
                           data_file_mb: float = DATA_FILE_MB, images: str = "video") -> dict:
@@ -161,16 +179,17 @@ def write_lerobot_dataset(episodes: Iterable[LeRobotEpisode], out: str | Path, o
 
     tasks: dict[str, int] = {}
     episode_rows: list[dict] = []
-    columns_all: dict[str, list] = {}
+    stats_parts: dict[str, list] = {}
     has_success = None
     writer, file_rows, chunk_index, file_index, total = None, 0, 0, 0, 0
     videos: dict[str, Any] = {}  # camera feature -> [VideoWriter, chunk_index, file_index]
     out.mkdir(parents=True)
     try:
-        for ep_index, ep in enumerate(episodes):
+        for ep in episodes:
             n = len(ep.actions)
             if n == 0:
                 continue
+            ep_index = len(episode_rows)  # contiguous from 0, as LeRobot indexes episodes
             success = ep.infos.get("success") if ep.infos else None
             if has_success is None:
                 has_success = success is not None
@@ -215,8 +234,8 @@ def write_lerobot_dataset(episodes: Iterable[LeRobotEpisode], out: str | Path, o
                 row.update(_add_video(videos, out, name, cols[name], fps))
             row.update({"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
             ep_stats = {name: _stats(v, _is_camera(features[name])) for name, v in cols.items()}
-            for name, v in cols.items():
-                columns_all.setdefault(name, []).append(v)
+            for name, st in ep_stats.items():
+                stats_parts.setdefault(name, []).append(st)
             row.update({f"stats/{name}/{k}": v for name, s in ep_stats.items() for k, v in s.items()})
             episode_rows.append(row)
             file_rows += n
@@ -237,7 +256,7 @@ def write_lerobot_dataset(episodes: Iterable[LeRobotEpisode], out: str | Path, o
         features[name]["info"] = video[0].info()
     if not episode_rows:
         raise LeRobotFormatError(f"{out}: no episode with a step to write")
-    stats = {name: _stats(np.concatenate(vs), _is_camera(features[name])) for name, vs in columns_all.items()}
+    stats = {name: _aggregate(parts) for name, parts in stats_parts.items()}
     episodes_path = out / EPISODES_PATH.format(chunk_index=0, file_index=0)
     episodes_path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(episode_rows), episodes_path, compression="snappy")
@@ -310,145 +329,6 @@ def _frames_table(cols: dict[str, np.ndarray], features: dict[str, dict], pa: An
     return pa.Table.from_arrays(arrays, names=names)
 
 
-# ---------------------------------------------------------------------------------------- reading
-class LeRobotEpisodes:
-    """A LeRobot v3 dataset folder read as rlweave's readers read a Minari dataset:
-    ``observation_space``, ``action_space``, ``total_episodes``, ``iterate_episodes()``. Foreign
-    datasets (no ``rlweave`` entry in info.json) map ``observation.state`` to ``state`` and
-    ``observation.images.<camera>`` to ``<camera>``; one observation feature alone is the array
-    observation."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        try:
-            self.info = json.loads((self.path / INFO_PATH).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise LeRobotFormatError(f"dataset {self.path}: cannot read {INFO_PATH}: {e}") from None
-        version = str(self.info.get("codebase_version", ""))
-        if not version.startswith("v3."):
-            raise LeRobotFormatError(f"dataset {self.path}: LeRobot codebase_version {version or '?'}; rlweave reads v3.x")
-        feats = self.info["features"]
-        meta = self.info.get("rlweave") or {}
-        obs_names = [k for k in feats if k.startswith("observation.")]
-        if "action" not in feats or not obs_names:
-            raise LeRobotFormatError(f"dataset {self.path}: needs an 'action' and at least one 'observation.*' feature")
-        self.leaves: dict[str, str | None] = meta.get("leaves") or (
-            {obs_names[0]: None} if len(obs_names) == 1 else {k: k.rsplit(".", 1)[1] for k in obs_names})
-        self.instruction_length = meta.get("instruction_length")
-        spaces = {}
-        for name, leaf in self.leaves.items():
-            ft = feats[name]
-            shape = tuple(ft["shape"])
-            spaces[leaf] = (gym.spaces.Box(0, 255, shape, np.uint8) if ft["dtype"] in ("image", "video")
-                            else gym.spaces.Box(-np.inf, np.inf, shape, np.float32))
-        if self.instruction_length:
-            spaces[INSTRUCTION_LEAF] = gym.spaces.Box(0, 255, (int(self.instruction_length),), np.uint8)
-        self.observation_space = spaces[None] if None in spaces else gym.spaces.Dict(spaces)
-        act_shape = tuple(meta.get("action_shape") or feats["action"]["shape"])
-        self.action_space = gym.spaces.Box(-np.inf, np.inf, act_shape, np.float32)
-        self.total_episodes = int(self.info["total_episodes"])
-        self.total_steps = int(self.info["total_frames"])
-
-    def _tasks(self) -> dict[int, str]:
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(self.path / TASKS_PATH)
-        index_col = next((c for c in table.column_names if c != "task_index"), None)
-        return {int(i): str(t) for i, t in zip(table.column("task_index").to_pylist(), table.column(index_col).to_pylist())}
-
-    def _frames(self) -> dict[str, np.ndarray]:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        files = sorted((self.path / "data").glob("*/*.parquet"))
-        if not files:
-            raise LeRobotFormatError(f"dataset {self.path}: no data/*/*.parquet files")
-        table = pa.concat_tables([pq.read_table(f) for f in files])
-        out: dict[str, np.ndarray] = {}
-        for name in table.column_names:
-            col = table.column(name).combine_chunks()
-            ft = self.info["features"].get(name, {})
-            if ft.get("dtype") == "image":
-                out[name] = np.stack([_decode_png(b) for b in col.field("bytes").to_pylist()])
-            elif pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type):
-                out[name] = np.stack([np.asarray(r) for r in col.to_pylist()]) if len(col) else np.zeros((0, 1))
-            else:
-                out[name] = col.to_numpy(zero_copy_only=False)
-            if ft and ft.get("dtype") != "image":  # shape-(1,) features are flat [N] here
-                shape = [] if list(ft["shape"]) == [1] else ft["shape"]
-                out[name] = out[name].reshape(len(out[name]), *shape)
-        videos = [k for k, ft in self.info["features"].items() if ft.get("dtype") == "video" and k in self.leaves]
-        if videos:
-            out.update(self._video_frames(videos, out["episode_index"], out["timestamp"]))
-        return out
-
-    def _video_frames(self, names: list[str], episode: np.ndarray, timestamp: np.ndarray) -> dict[str, np.ndarray]:
-        """Each row's frame of each video feature: the frame at the episode's ``from_timestamp``
-        plus the row's ``timestamp`` in the episode's mp4 file (each file decoded once)."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        from rlweave.data.lerobot_video import read_video
-
-        meta = pa.concat_tables([pq.read_table(f) for f in sorted((self.path / "meta/episodes").glob("*/*.parquet"))])
-        rows = {int(e["episode_index"]): e for e in meta.to_pylist()}
-        fps = float(self.info["fps"])
-        template = self.info.get("video_path") or VIDEO_PATH
-        out = {}
-        for name in names:
-            decoded: dict[tuple[int, int], np.ndarray] = {}
-            frames = np.empty((len(episode), *self.info["features"][name]["shape"]), np.uint8)
-            for i, (ep, ts) in enumerate(zip(episode.reshape(-1), timestamp.reshape(-1))):
-                e = rows.get(int(ep))
-                if e is None:
-                    raise LeRobotFormatError(f"dataset {self.path}: episode {int(ep)} has no row in meta/episodes")
-                key = (int(e[f"videos/{name}/chunk_index"]), int(e[f"videos/{name}/file_index"]))
-                if key not in decoded:
-                    decoded[key] = read_video(self.path / template.format(video_key=name, chunk_index=key[0], file_index=key[1]))
-                index = int(round((float(e[f"videos/{name}/from_timestamp"]) + float(ts)) * fps))
-                video = decoded[key]
-                if not 0 <= index < len(video):
-                    raise LeRobotFormatError(f"dataset {self.path}: {name} has no frame at {index / fps:.3f} s "
-                                             f"(episode {int(ep)}; the file holds {len(video)} frames)")
-                frames[i] = video[index]
-            out[name] = frames
-        return out
-
-    def iterate_episodes(self) -> Iterator[LeRobotEpisode]:
-        from rlweave.envs.manipulation import encode_instruction
-
-        frames = self._frames()
-        tasks = self._tasks()
-        order = np.lexsort((frames["frame_index"], frames["episode_index"]))
-        frames = {k: v[order] for k, v in frames.items()}
-        episodes, starts = np.unique(frames["episode_index"], return_index=True)
-        ends = list(starts[1:]) + [len(frames["episode_index"])]
-        for ep, a, b in zip(episodes, starts, ends):
-            n = b - a
-            task = tasks.get(int(frames["task_index"][a]), "")
-            obs = {}
-            for name, leaf in self.leaves.items():
-                v = frames[name][a:b].reshape(n, *self.observation_space[leaf].shape) if leaf is not None else \
-                    frames[name][a:b].reshape(n, *self.observation_space.shape)
-                obs[leaf] = np.concatenate([v, v[-1:]]).astype(np.uint8 if v.dtype == np.uint8 else np.float32)
-            if self.instruction_length:
-                obs[INSTRUCTION_LEAF] = np.repeat(encode_instruction(task, int(self.instruction_length))[None], n + 1, 0)
-            done = frames["next.done"][a:b].astype(bool).reshape(n) if "next.done" in frames else np.arange(n) == n - 1
-            # foreign data without next.terminated: a done frame counts as a termination
-            term = frames["next.terminated"][a:b].astype(bool).reshape(n) if "next.terminated" in frames else done
-            infos = {"success": frames["next.success"][a:b].astype(bool).reshape(n)} if "next.success" in frames else {}
-            rewards = frames["next.reward"][a:b].astype(np.float32).reshape(n) if "next.reward" in frames else np.zeros(n, np.float32)
-            yield LeRobotEpisode(int(ep), obs[None] if None in obs else obs,
-                                 frames["action"][a:b].astype(np.float32).reshape(n, *self.action_space.shape),
-                                 rewards, term, done & ~term, infos, task)
-
-
-def _decode_png(data: bytes) -> np.ndarray:
-    from PIL import Image
-
-    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
-
-
 # ---------------------------------------------------------------------------------------- export
 def export_lerobot(dataset: str | Path, out: str | Path, fps: int | None = None, task: str | None = None,
                    robot_type: str | None = None, images: str = "video") -> dict:
@@ -458,9 +338,9 @@ def export_lerobot(dataset: str | Path, out: str | Path, fps: int | None = None,
     cameras as mp4 (``"video"``) or PNG frames in the parquet (``"png"``)."""
     from rlweave.data.datasets import open_dataset
 
-    ds = open_dataset(dataset)
-    if isinstance(ds, LeRobotEpisodes):
+    if is_lerobot_dataset(dataset):
         raise LeRobotFormatError(f"{dataset}: already a LeRobot dataset")
+    ds = open_dataset(dataset)
     env_id = _env_id(ds)
     fps = int(fps or _env_fps(ds) or 30)
     default_task = task or env_id or Path(dataset).name
