@@ -289,3 +289,23 @@ def test_token_estimators_skip_observation_tokens(estimator):
         if r1 is not None:
             torch.testing.assert_close(r2[i, c], r1[i, : len(c)])
     assert float(a2[~holed].abs().sum()) == 0.0
+
+
+def test_generation_from_token_ids_stops_at_any_stop_token_within_each_rows_budget(tok):
+    from rlweave.generation.hf_generator import HFGenerator
+
+    gen = HFGenerator(_tiny_model(tok, seed=1), tok, max_new_tokens=10)
+    texts = ["What is 1234 * 5678?", "What is 2?"]
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    a, b = gen.generate(texts, n=2, seed=5), gen.generate_ids(ids, n=2, seed=5)
+    assert (a.response_ids, a.logprobs, a.prompt_ids) == (b.response_ids, b.logprobs, b.prompt_ids)
+    common = {}  # the two most frequent first tokens become stop tokens: rows must end at them
+    for r in gen.generate_ids(ids, n=8, seed=0, max_new_tokens=[10, 3]).response_ids:
+        common[r[0]] = common.get(r[0], 0) + 1
+    stops = sorted(common, key=common.get)[-2:]
+    out = gen.generate_ids(ids, n=8, seed=0, stop_ids=stops, max_new_tokens=[10, 3])
+    for row, (r, done) in enumerate(zip(out.response_ids, out.finished)):
+        assert len(r) <= (10 if row < 8 else 3)
+        hits = [i for i, t in enumerate(r) if t in stops]
+        assert done == bool(hits) and (not hits or hits[0] == len(r) - 1)
+    assert any(out.finished)
