@@ -309,3 +309,15 @@ def test_generation_from_token_ids_stops_at_any_stop_token_within_each_rows_budg
         hits = [i for i, t in enumerate(r) if t in stops]
         assert done == bool(hits) and (not hits or hits[0] == len(r) - 1)
     assert any(out.finished)
+
+
+def test_agent_tools_entry_task_names_the_tasks_own_tools():
+    from rlweave.agents.rollout import tool_entries
+    from rlweave.agents.tools import ToolConfigError
+    from rlweave.envs.text_tasks import make_task
+
+    cfg = {"tools": ["task", {"name": "python", "timeout_s": 3}], "tool_timeout_s": 7.0}
+    assert tool_entries(cfg, make_task({"name": "calc"})) == [{"name": "calculator", "timeout_s": 7.0},
+                                                              {"name": "python", "timeout_s": 3}]
+    with pytest.raises(ToolConfigError, match="task 'arithmetic' has none"):
+        tool_entries(cfg, make_task({"name": "arithmetic"}))

@@ -22,10 +22,20 @@ def agent_enabled(agent_cfg: dict | None) -> bool:
     return bool(agent_cfg and agent_cfg.get("tools"))
 
 
-def tool_entries(agent_cfg: dict) -> list[Any]:
-    """``agent.tools`` with ``agent.tool_timeout_s`` as the timeout of entries that set none."""
+def tool_entries(agent_cfg: dict, task=None) -> list[Any]:
+    """``agent.tools`` with ``agent.tool_timeout_s`` as the timeout of entries that set none. The
+    entry ``task`` stands for the task's own tools (an agent task's ``tool_entries()``, e.g.
+    multihop's search over ``task.corpus``): recipes name them without repeating the task's settings."""
     out = []
     for entry in agent_cfg.get("tools") or []:
+        if entry == "task":
+            if not hasattr(task, "tool_entries"):
+                from rlweave.agents.tools import ToolConfigError
+
+                raise ToolConfigError(f"agent.tools: 'task' names the task's own tools; task "
+                                      f"{getattr(task, 'name', '?')!r} has none (name the tools instead)")
+            out += tool_entries({**agent_cfg, "tools": task.tool_entries()})
+            continue
         if isinstance(entry, str):
             entry = {"name": entry}
         if isinstance(entry, dict) and "timeout_s" not in entry:
@@ -34,12 +44,12 @@ def tool_entries(agent_cfg: dict) -> list[Any]:
     return out
 
 
-def tool_specs(agent_cfg: dict) -> list[dict]:
+def tool_specs(agent_cfg: dict, task=None) -> list[dict]:
     """The tools' specs in OpenAI function form (what the chat template shows the model), from a
     tool box built and closed here."""
     from rlweave.agents.tools import make_toolbox
 
-    box = make_toolbox(tool_entries(agent_cfg))
+    box = make_toolbox(tool_entries(agent_cfg, task))
     try:
         return box.specs()
     finally:
@@ -53,7 +63,7 @@ def chat_corpus(task, agent_cfg: dict, prompts: Sequence[Prompt]) -> list[str]:
     from rlweave.agents.tools import make_toolbox
     from rlweave.models.chat_template import render_text
 
-    box = make_toolbox(tool_entries(agent_cfg))
+    box = make_toolbox(tool_entries(agent_cfg, task))
     specs = box.specs()
     out = []
     try:
@@ -85,10 +95,10 @@ class AgentRollout:
     ``evaluate`` (greedy), each returning what the worker's single-turn path returns plus the
     trajectories' loss masks and per-trajectory agent counts."""
 
-    def __init__(self, generator, tokenizer, agent_cfg: dict, max_turn_tokens: int):
+    def __init__(self, generator, tokenizer, agent_cfg: dict, max_turn_tokens: int, task=None):
         from rlweave.agents.tools import make_toolbox
 
-        self.toolbox = make_toolbox(tool_entries(agent_cfg))
+        self.toolbox = make_toolbox(tool_entries(agent_cfg, task))
         self.loop = AgentLoop(generator, tokenizer, self.toolbox, max_turns=agent_cfg.get("max_turns", 4),
                               max_tokens=agent_cfg.get("max_tokens", 256), max_turn_tokens=max_turn_tokens)
 

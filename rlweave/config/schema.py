@@ -320,7 +320,7 @@ class AgentConfig:
     """Multi-turn tool use (runner=llm): with ``tools`` set, every rollout and evaluation is an
     episode of model turns and tool observations (rlweave/agents/loop.py)."""
 
-    # make_toolbox entries: "calculator", {name: search, ...}, {mcp: {command: [...]}}; empty = single-turn
+    # make_toolbox entries: "calculator", {name: search, ...}, {mcp: {command: [...]}}, or "task" (the task's own tools); empty = single-turn
     tools: List[Any] = field(default_factory=list)
     # user agent code over the OpenAI API instead of the built-in loop (rlweave/agents/openai_rollout.py):
     # module:function or file.py:function taking (openai.OpenAI client, Prompt), returning the final answer;

@@ -241,7 +241,7 @@ class LLMRunner(RunnerBase):
         from rlweave.agents.rollout import prompt_tokens, tool_specs
 
         if self._tool_specs is None:
-            self._tool_specs = tool_specs(self.agent_cfg)
+            self._tool_specs = tool_specs(self.agent_cfg, self.task)
         return prompt_tokens(tokenizer, prompt, self._tool_specs)[0] - question_tokens
 
     def _response_tokens(self) -> int:

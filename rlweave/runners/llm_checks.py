@@ -109,7 +109,7 @@ def _check_agent(cfg: DictConfig) -> None:
     from rlweave.agents.tools import ToolConfigError
 
     try:
-        tool_specs(OmegaConf.to_container(cfg.agent))
+        tool_specs(OmegaConf.to_container(cfg.agent), make_task(OmegaConf.to_container(cfg.task)))
     except ToolConfigError as e:
         raise ConfigError(str(e)) from None
     if cfg.agent.openai_fn:  # user agent code (rlweave/agents/openai_rollout.py): it must load here first

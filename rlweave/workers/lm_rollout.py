@@ -59,7 +59,7 @@ class LMRolloutWorker(Worker):
         elif agent_cfg and agent_cfg.get("tools"):
             from rlweave.agents.rollout import AgentRollout
 
-            self.agent = AgentRollout(self.generator, self.tokenizer, agent_cfg, rollout_cfg["max_new_tokens"])
+            self.agent = AgentRollout(self.generator, self.tokenizer, agent_cfg, rollout_cfg["max_new_tokens"], self.task)
         # one call at a time (the host is threaded); a weight load waits for the generations issued before it
         self._lock = threading.Condition()
         self.generations = 0
