@@ -83,8 +83,9 @@ def check_llm(cfg: DictConfig):
     a, r = cfg.algorithm, cfg.rollout
     if spec.advantage in ("grpo", "reinforce_pp_baseline") and a.group_size < 2:
         raise ConfigError(f"algorithm.group_size: {spec.name} compares responses to the same prompt; needs >= 2, got {a.group_size}")
-    if a.overlong_buffer > r.max_new_tokens:
-        raise ConfigError(f"algorithm.overlong_buffer: {a.overlong_buffer} exceeds rollout.max_new_tokens ({r.max_new_tokens})")
+    width = ("agent.max_tokens", cfg.agent.max_tokens) if cfg.agent.tools else ("rollout.max_new_tokens", r.max_new_tokens)
+    if a.overlong_buffer > width[1]:  # DAPO's penalty is on the whole response: an agent episode's turns and observations
+        raise ConfigError(f"algorithm.overlong_buffer: {a.overlong_buffer} exceeds {width[0]} ({width[1]})")
     if a.dynamic_sampling and spec.advantage not in ("grpo", "reinforce_pp_baseline"):
         raise ConfigError(f"algorithm.dynamic_sampling: needs group-relative advantages; {spec.name} has none")
     if spec.asynchronous and cfg.train.max_staleness < 1:
