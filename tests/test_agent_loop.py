@@ -321,3 +321,24 @@ def test_agent_tools_entry_task_names_the_tasks_own_tools():
                                                               {"name": "python", "timeout_s": 3}]
     with pytest.raises(ToolConfigError, match="task 'arithmetic' has none"):
         tool_entries(cfg, make_task({"name": "arithmetic"}))
+
+
+def test_observations_follow_a_template_that_rewrites_only_the_last_assistant_turn(tok, box):
+    """Qwen3's template prefixes the *last* assistant message with an empty think block, so the turn
+    renders differently once observations follow; the observation suffix is found after the turn's
+    end marker, not by comparing the two renderings' prefixes."""
+    from rlweave.models.chat_template import CHAT_TEMPLATE
+
+    qwen3_like = CHAT_TEMPLATE.replace("{{- '<|im_start|>assistant\\n' }}{%- generation %}",
+                                       "{{- '<|im_start|>assistant\\n' }}{%- if loop.last %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+                                       "{%- endif %}{%- generation %}")
+    assert qwen3_like != CHAT_TEMPLATE
+    messages = QUESTION + [{"role": "assistant", "content": CALL % "1+1"}]
+    obs = [{"role": "tool", "name": "calculator", "content": "2"}]
+    plain = observation_ids(tok, messages, obs, box.specs())
+    tok.chat_template = qwen3_like
+    try:
+        assert "<think>" in render(tok, messages, box.specs())
+        assert observation_ids(tok, messages, obs, box.specs()) == plain
+    finally:
+        tok.chat_template = CHAT_TEMPLATE
