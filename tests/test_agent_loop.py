@@ -114,6 +114,7 @@ def test_malformed_and_unknown_calls_become_error_observations_and_are_counted(t
     stats = agent_stats([t])
     assert (stats["errors_invalid_json"], stats["errors_unknown_tool"], stats["tool_calls"]) == (1, 1, 2)
     assert (stats["turns"], stats["parsed_turns"]) == (3, 2)  # the invalid JSON turn does not parse
+    assert stats["tool_latency_s"] == pytest.approx(sum(c["latency_s"] for c in t.tool_calls))
     assert box.counts["invalid_json"] == 1 and box.counts["unknown_tool"] == 1
 
 

@@ -63,7 +63,8 @@ def test_grpo_calc_style_run_warms_up_on_traces_then_trains_multi_turn(tmp_path)
     assert [r["iteration"] for r in records] == [0, 1, 2]
     first = records[1]
     for key in ("train/tool_calls_per_trajectory", "train/turns_per_trajectory", "train/format_valid", "train/finished",
-                "train/tool_errors/invalid_json", "train/tool_errors/timeout", "eval/tool_calls_per_trajectory", "train/loss_policy"):
+                "train/tool_errors/invalid_json", "train/tool_errors/timeout", "eval/tool_calls_per_trajectory", "train/loss_policy",
+                "train/tool_latency_s"):
         assert key in first or key in records[2], key
     assert 1.0 <= first["train/turns_per_trajectory"] <= 3.0
     assert all(np.isfinite(r["train/loss_policy"]) for r in records[1:])

@@ -15,8 +15,9 @@ observations in the context and leaves them out of every loss term (DESIGN.md, *
 
 Limits: ``max_turns`` model turns; ``max_tokens`` response tokens (model and observation tokens
 together: the row's width the trainer pays for); ``max_turn_tokens`` per model turn. A trajectory
-ending on a limit, or on a turn cut before its turn-end token, is not ``finished``. A turn ended by
-eos (a base model's end of text) ends the trajectory as an answer.
+ending on a limit, or on a turn cut before its turn-end token, is not ``finished``; the calls of a
+turn that cannot be followed by another (``max_turns`` or ``max_tokens`` reached) are not run. A
+turn ended by eos (a base model's end of text) ends the trajectory as an answer.
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ class AgentLoop:
 def agent_stats(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """Sums over trajectories that the runner turns into per-iteration metrics: trajectories, turns,
     parsed turns, tool calls, calls failed by kind, finished trajectories."""
-    out: dict[str, float] = {"trajectories": len(trajs), "turns": 0, "parsed_turns": 0, "tool_calls": 0, "finished": 0}
+    out: dict[str, float] = {"trajectories": len(trajs), "turns": 0, "parsed_turns": 0, "tool_calls": 0, "finished": 0,
+                             "tool_latency_s": 0.0}
     out.update({f"errors_{k}": 0 for k in ERROR_KINDS})
     for t in trajs:
         out["turns"] += t.turns
@@ -150,6 +152,7 @@ def agent_stats(trajs: Sequence[Trajectory]) -> dict[str, float]:
         out["tool_calls"] += len(t.tool_calls)
         out["finished"] += int(t.finished)
         for c in t.tool_calls:
+            out["tool_latency_s"] += c["latency_s"]
             if c["error"] is not None:
                 out[f"errors_{c['error']}"] += 1
     return out

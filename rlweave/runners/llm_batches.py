@@ -103,9 +103,11 @@ def rl_metrics(batch: dict, scored: dict, scores: torch.Tensor, kl: torch.Tensor
 def agent_metrics(stats: dict, prefix: str) -> dict:
     """Multi-turn agent figures from :func:`~rlweave.agents.loop.agent_stats` sums: tool calls and
     turns per trajectory, the fraction of turns that parse (closed, every tool call valid JSON with
-    a name), finished trajectories, and failed tool calls by kind."""
+    a name), finished trajectories, the mean tool latency, and failed tool calls by kind."""
     n = max(1, stats["trajectories"])
     out = {f"{prefix}/tool_calls_per_trajectory": stats["tool_calls"] / n, f"{prefix}/turns_per_trajectory": stats["turns"] / n,
            f"{prefix}/format_valid": stats["parsed_turns"] / max(1, stats["turns"]), f"{prefix}/finished": stats["finished"] / n}
+    if "tool_latency_s" in stats:
+        out[f"{prefix}/tool_latency_s"] = stats["tool_latency_s"] / max(1, stats["tool_calls"])  # mean per call
     out.update({f"{prefix}/tool_errors/{k[len('errors_'):]}": v for k, v in stats.items() if k.startswith("errors_")})
     return out
