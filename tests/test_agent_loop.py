@@ -177,16 +177,18 @@ def _tiny_model(tok, seed=0):
                            intermediate_size=64, max_positions=512, seed=seed)
 
 
-def test_trainer_scores_model_tokens_after_an_observation_as_the_engine_sampled_them(tok, box):
+@pytest.mark.parametrize("kernels", ["auto", "hf"])
+def test_trainer_scores_model_tokens_after_an_observation_as_the_engine_sampled_them(tok, box, kernels):
     from rlweave.generation.hf_generator import HFGenerator
     from rlweave.models.causal_lm import CausalLMPolicy, response_batch
 
     model = _tiny_model(tok)
-    policy = ScriptedThenModel(tok, CALL % "1234 * 5678", HFGenerator(model, tok, max_new_tokens=6, temperature=0.7))
+    engine = HFGenerator(model, tok, max_new_tokens=6, temperature=0.7, kernels=kernels)
+    policy = ScriptedThenModel(tok, CALL % "1234 * 5678", engine)
     trajs = AgentLoop(policy, tok, box, max_turns=2, max_tokens=200).run([QUESTION], n=3, seed=3)
     b = response_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs], tok.pad_token_id)
     with torch.no_grad():
-        scored = CausalLMPolicy(model).eval().forward_responses(**{k: torch.as_tensor(v) for k, v in b.items()},
+        scored = CausalLMPolicy(model, kernels=kernels).eval().forward_responses(**{k: torch.as_tensor(v) for k, v in b.items()},
                                                                  with_entropy=False, temperature=0.7)["logprobs"]
     for i, t in enumerate(trajs):
         first = t.loss_mask.index(0)  # the first observation token
