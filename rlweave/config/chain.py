@@ -11,8 +11,9 @@ What is shared depends on the kind of run (:data:`CARRIED`):
 * language models: ``model.*`` and ``task.*`` whole (the sub-run trains the very model the run
   continues, whose architecture must match for its weights to load, on the run's task: what the
   user asked for), and ``rollout.max_new_tokens`` (its evaluation answers are as long as the run's)
-  and the agent's tools and limits (``agent.tools``, ``max_turns``, ``max_tokens``, ``tool_timeout_s``:
-  the warm-up learns and is evaluated on the episodes RL runs);
+  and the agent's tools, limits and workflow (``agent.tools``, ``max_turns``, ``max_tokens``,
+  ``tool_timeout_s``, ``workflow``: the warm-up learns and is evaluated on the episodes RL runs, of
+  every role);
 * embodied policies (a VLA's SFT before PPO): ``policy.*`` whole (the architecture) and the env
   settings that define the task and what the policy sees: ``env.id``, ``env.chunk``,
   ``env.pixels``, ``env.max_episode_steps``, ``env.kwargs``, ``env.eval_kwargs`` (not the number of
@@ -40,7 +41,7 @@ from rlweave.config.schema import Config
 # run kind -> (sections carried whole, single keys carried, sections whose set keys are carried)
 CARRIED: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "llm": (("model", "task"), ("rollout.max_new_tokens", "agent.tools", "agent.max_turns", "agent.max_tokens",
-                                "agent.tool_timeout_s"), ("data",)),
+                                "agent.tool_timeout_s", "agent.workflow"), ("data",)),
     "embodied": (("policy",), ("env.id", "env.chunk", "env.pixels", "env.max_episode_steps", "env.kwargs", "env.eval_kwargs"),
                  ("data",)),
 }

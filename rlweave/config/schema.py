@@ -322,6 +322,10 @@ class AgentConfig:
 
     # make_toolbox entries: "calculator", {name: search, ...}, {mcp: {command: [...]}}, or "task" (the task's own tools); empty = single-turn
     tools: List[Any] = field(default_factory=list)
+    # how episodes are produced (rlweave/agents/workflows.py): tools (the built-in loop), openai (openai_fn),
+    # solver_verifier (two roles of one policy); unset: openai with openai_fn, else tools with tools
+    workflow: Optional[str] = None
+    role_weights: Dict[str, float] = field(default_factory=dict)  # role -> scale of its rows' advantages (default 1)
     # user agent code over the OpenAI API instead of the built-in loop (rlweave/agents/openai_rollout.py):
     # module:function or file.py:function taking (openai.OpenAI client, Prompt), returning the final answer;
     # the rollout worker's engine serves it at /v1/chat/completions (openai_host:openai_port, loopback by default)

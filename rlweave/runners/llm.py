@@ -60,7 +60,10 @@ class LLMRunner(RunnerBase):
         self._logged_initial_eval = False
         self._best_eval: float | None = None  # the best evaluation's accuracy so far (the SFT stop rule's approach)
         self.agent_cfg = OmegaConf.to_container(self.cfg.agent)
-        self.agent = bool(self.agent_cfg["tools"] or self.agent_cfg["openai_fn"])  # multi-turn tool use (rlweave/agents)
+        from rlweave.agents.workflows import check_workflow
+
+        self.workflow = check_workflow(self.agent_cfg)  # how episodes are produced (rlweave/agents/workflows.py)
+        self.agent = self.workflow is not None  # multi-turn tool use (rlweave/agents)
         self._tool_specs: list | None = None
 
     def _layout_candidates(self, cluster: Cluster) -> list:
@@ -127,9 +130,7 @@ class LLMRunner(RunnerBase):
             return None
         path = self.run_dir / "traces.jsonl"
         if not path.is_file():
-            from rlweave.agents.traces import write_traces
-
-            stats = write_traces(self.task, self.cfg.agent.sft_traces, path, seed=self.cfg.seed)
+            stats = self.workflow.expert_traces(self.task, self.cfg.agent.sft_traces, path, self.cfg.seed, self.agent_cfg)
             print(f"[rlweave] {stats['written']} expert traces written to {path} ({stats['missed']} expert misses skipped)")
         return path
 
@@ -184,9 +185,7 @@ class LLMRunner(RunnerBase):
             corpus = [p.text + p.answer for p in self.task.prompts("train", 2000, seed=self.cfg.seed)]
             chat = self.agent  # agent runs and SFT on multi-turn traces need the chat template and its tokens
             if self.agent:
-                from rlweave.agents.rollout import chat_corpus
-
-                corpus += chat_corpus(self.task, self.agent_cfg, self.task.prompts("train", 500, seed=self.cfg.seed))
+                corpus += self.workflow.corpus(self.task, self.agent_cfg, self.task.prompts("train", 500, seed=self.cfg.seed))
             if self.sft and self.cfg.data.path:
                 from rlweave.data.sft_data import read_sft_jsonl
 
@@ -235,14 +234,16 @@ class LLMRunner(RunnerBase):
 
     def _prompt_overhead(self, tokenizer, prompt: Prompt, question_tokens: int) -> int:
         """Tokens an agent episode's first context adds around the question (system prompt, tools,
-        chat markers); 0 for single-turn runs, whose prompt is the question's text."""
+        chat markers), the longest over the workflow's roles; 0 for single-turn runs, whose prompt is
+        the question's text."""
         if not self.agent:
             return 0
-        from rlweave.agents.rollout import prompt_tokens, tool_specs
+        from rlweave.agents.chat import prompt_ids
+        from rlweave.agents.rollout import tool_specs
 
         if self._tool_specs is None:
             self._tool_specs = tool_specs(self.agent_cfg, self.task)
-        return prompt_tokens(tokenizer, prompt, self._tool_specs)[0] - question_tokens
+        return max(len(prompt_ids(tokenizer, c, self._tool_specs)) for c in self.workflow.openings(prompt)) - question_tokens
 
     def _response_tokens(self) -> int:
         """The longest response a row can hold: an agent episode's ``agent.max_tokens`` (turns and
@@ -377,6 +378,9 @@ class LLMRunner(RunnerBase):
             kl=kl if a.kl_mode == "reward" else None, kl_coef=a.kl_coef if a.kl_mode == "reward" else 0.0,
             gamma=a.gamma, lam=a.gae_lambda, norm=a.norm_adv,
         )
+        weights = self.agent_cfg.get("role_weights")
+        if weights and "role" in batch:  # agent.role_weights: a role's share of the update (multi-role workflows)
+            adv = adv * torch.tensor([float(weights.get(r, 1.0)) for r in batch["role"]])[:, None]
         update = {"advantages": adv.numpy(), "rollout_logprobs": batch["behaviour_logprobs"]}
         if old is not None:
             update["old_logprobs"] = scored["logprobs"]
@@ -446,6 +450,11 @@ class LLMRunner(RunnerBase):
         agent = [o["agent"] for o in outs if o.get("agent")]
         if agent:  # multi-turn evaluation: greedy episodes with the tools
             record.update(agent_metrics({k: sum(a[k] for a in agent) for k in agent[0]}, "eval"))
+        stats = [o["stats"] for o in outs if o.get("stats")]
+        if stats:  # a multi-role workflow: per-role rewards and its own rates (eval/reward/<role>, ...)
+            from rlweave.agents.workflows import ratio_metrics, sum_stats
+
+            record.update(ratio_metrics(sum_stats(stats), "eval"))
         return record
 
     def _finish_record(self, record, metrics, trace, progress, final):

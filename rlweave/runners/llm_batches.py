@@ -21,6 +21,9 @@ def groups_of(gen: dict, n: int) -> list[dict]:
     if "loss_mask" in gen:  # multi-turn agent rows: 0 on the tool observations inside the response
         for row, m, a in zip(rows, gen["loss_mask"], gen["agent"]):
             row["loss_mask"], row["agent"] = m, a
+    if "role" in gen:  # a multi-role workflow (rlweave/agents/workflows.py): each row's role and its stat pairs
+        for row, role, st in zip(rows, gen["role"], gen["role_stats"]):
+            row["role"], row["role_stats"] = role, st
     groups = []
     for i in range(0, len(rows), n):
         grp = rows[i : i + n]
@@ -51,6 +54,11 @@ def assemble(groups: list[dict], pad_token_id: int) -> dict:
     agent = [r["agent"] for r in rows if "agent" in r]
     if agent:  # per-trajectory counts summed over the rows kept
         batch["agent"] = {k: sum(a[k] for a in agent) for k in agent[0]}
+    if any("role" in r for r in rows):  # multi-role rows: roles (agent.role_weights) and stat pairs summed over the rows kept
+        from rlweave.agents.workflows import sum_stats
+
+        batch["role"] = np.array([r.get("role", "") for r in rows])
+        batch["role_stats"] = sum_stats([r["role_stats"] for r in rows if "role_stats" in r])
     return {
         **batch, "mask": mask, "behaviour_logprobs": behaviour,
         "rewards": np.array([r["reward"] for r in rows], dtype=np.float32),
@@ -92,6 +100,10 @@ def rl_metrics(batch: dict, scored: dict, scores: torch.Tensor, kl: torch.Tensor
         record["train/kl"] = float(kl[m].mean())
     if "agent" in batch:
         record.update(agent_metrics(batch["agent"], "train"))
+    if "role_stats" in batch:  # train/reward/<role> and the workflow's rates
+        from rlweave.agents.workflows import ratio_metrics
+
+        record.update(ratio_metrics(batch["role_stats"], "train"))
     for k, v in outs[0].items():  # time/actor_*: inside the slowest rank; time/update minus these is transfer and waiting
         if k.startswith("time/actor_"):
             record[k] = max(o[k] for o in outs)

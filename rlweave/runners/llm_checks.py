@@ -103,12 +103,18 @@ def check_llm(cfg: DictConfig):
 
 def _check_agent(cfg: DictConfig) -> None:
     """``agent.tools``: every entry builds (one line naming ``agent.tools[i]``); ``agent.openai_fn``
-    loads; and a tokenizer loaded from a folder has a chat template (one trained here gets rlweave's)."""
-    if not (cfg.agent.tools or cfg.agent.openai_fn):
+    loads; ``agent.workflow`` is registered and has what it needs; and a tokenizer loaded from a
+    folder has a chat template (one trained here gets rlweave's)."""
+    if not (cfg.agent.tools or cfg.agent.openai_fn or cfg.agent.workflow):
         return
     from rlweave.agents.rollout import tool_specs
     from rlweave.agents.tools import ToolConfigError
+    from rlweave.agents.workflows import check_workflow
 
+    try:
+        check_workflow(OmegaConf.to_container(cfg.agent))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     try:
         tool_specs(OmegaConf.to_container(cfg.agent), make_task(OmegaConf.to_container(cfg.task)))
     except ToolConfigError as e:

@@ -43,23 +43,15 @@ class LMRolloutWorker(Worker):
     of the policy's weights, and scores them with the task's verifier or the user's reward function:
     for language models the task is the environment, so one worker holds both."""
     def __init__(self, model_spec: dict, tokenizer_path: str, rollout_cfg: dict, task_cfg: dict, agent_cfg: dict | None = None):
-        """``agent_cfg``: the run's ``agent`` section; with ``agent.tools`` set, responses are
-        multi-turn tool-use episodes (:class:`~rlweave.agents.rollout.AgentRollout`)."""
+        """``agent_cfg``: the run's ``agent`` section; its workflow (``agent.workflow``, or the one
+        ``agent.tools`` / ``agent.openai_fn`` imply: :mod:`rlweave.agents.workflows`) produces the
+        episodes; without one, responses are single-turn."""
         self.tokenizer = load_tokenizer(tokenizer_path)
         # the plain architecture: LoRA adapters arrive merged into the weights
         model = load_causal_lm({**model_spec, "lora_rank": 0}, len(self.tokenizer), tokenizer=self.tokenizer)
         self.generator = make_generator(rollout_cfg["backend"], model, self.tokenizer, rollout_cfg,
                                         kernels=model_spec.get("kernels", "auto"))
         self.task = make_task(task_cfg)
-        self.agent = None
-        if agent_cfg and agent_cfg.get("openai_fn"):  # user agent code over the OpenAI API, served by this engine
-            from rlweave.agents.openai_rollout import OpenAIAgentRollout
-
-            self.agent = OpenAIAgentRollout(self.generator, self.tokenizer, agent_cfg, rollout_cfg["max_new_tokens"])
-        elif agent_cfg and agent_cfg.get("tools"):
-            from rlweave.agents.rollout import AgentRollout
-
-            self.agent = AgentRollout(self.generator, self.tokenizer, agent_cfg, rollout_cfg["max_new_tokens"], self.task)
         # one call at a time (the host is threaded); a weight load waits for the generations issued before it
         self._lock = threading.Condition()
         self.generations = 0
@@ -67,6 +59,10 @@ class LMRolloutWorker(Worker):
         if task_cfg.get("reward_fn"):
             self.reward_fn = RewardRunner(task_cfg["reward_fn"], timeout_s=task_cfg["reward_timeout_s"],
                                           on_error=task_cfg["reward_on_error"])
+        from rlweave.agents.workflows import make_producer  # episode producers by agent.workflow; None: single-turn
+
+        self.agent = make_producer(agent_cfg, self.generator, self.tokenizer, rollout_cfg["max_new_tokens"], self.task,
+                                   lambda prompts, texts: score_responses(self.task, prompts, texts, self.reward_fn))
 
     @property
     def version(self) -> int:
@@ -134,7 +130,9 @@ class LMRolloutWorker(Worker):
         failed = self._failures()
         # agent code over the OpenAI API gives each episode's prompt with its conversation (meta["messages"])
         scored = out.pop("prompts", None) or [prompts[g] for g in out["group"]]
-        rewards = score_responses(self.task, scored, texts, self.reward_fn)
+        rewards = out.pop("rewards", None)  # a workflow that scored its own rows (several roles per prompt)
+        if rewards is None:
+            rewards = score_responses(self.task, scored, texts, self.reward_fn)
         return {**out, "rewards": rewards, "reward_failures": self._failures() - failed, "time/generate": t1 - t0,
                 "time/reward": time.perf_counter() - t1}
 
@@ -156,6 +154,8 @@ class LMRolloutWorker(Worker):
     def _evaluate(self, prompts: list[Prompt]) -> dict:
         if not prompts:  # more workers than held-out prompts
             return {"correct": 0, "n": 0, "response_tokens": 0}
+        if hasattr(self.agent, "evaluate"):  # a workflow with held-out figures of its own (one per role)
+            return self.agent.evaluate(prompts)
         out, texts = self._responses(prompts, 1, 0, greedy=True)
         correct = [self.task.reward(p, t) > 0 for p, t in zip(prompts, texts)]
         result = {"correct": int(sum(correct)), "n": len(prompts), "response_tokens": sum(len(r) for r in out["response_ids"])}

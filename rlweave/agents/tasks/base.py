@@ -56,22 +56,29 @@ class AgentTask:
         """The conversation of an expert solving ``prompt``: system, question, one assistant tool call
         and its tool result per :meth:`expert_calls` step (run by ``toolbox``, made here when None),
         then the final answer. Raises :class:`ExpertMiss` when a result lacks the expected text."""
-        from rlweave.agents.tools import ToolCall
-
         own = toolbox is None
         box = self.make_toolbox() if own else toolbox
         try:
-            messages = initial_messages(prompt)
-            for i, step in enumerate(self.expert_calls(prompt)):
-                call_id = f"call_{i}"
-                messages.append(tool_call_message(step.tool, step.arguments, call_id))
-                (result,) = box.execute_sync([ToolCall(name=step.tool, arguments=dict(step.arguments))])
-                if not result.ok or step.expect.lower() not in result.content.lower():
-                    raise ExpertMiss(f"prompt {prompt.id}: {step.tool}({step.arguments}) returned no {step.expect!r}"
-                                     f" ({result.error or 'not in the result'})")
-                messages.append(tool_message(step.tool, result.content, call_id))
-            messages.append({"role": "assistant", "content": final_answer(prompt.answer)})
-            return messages
+            return [*initial_messages(prompt), *self.expert_steps(prompt, box),
+                    {"role": "assistant", "content": final_answer(prompt.answer)}]
         finally:
             if own:
                 box.close()
+
+    def expert_steps(self, prompt: Prompt, toolbox) -> list[dict[str, Any]]:
+        """The middle of an expert's conversation: one assistant tool call and its result per
+        :meth:`expert_calls` step, run by ``toolbox``. Shared by every role whose expert looks the
+        same facts up (the solver's trace, and the verifier's, which recomputes before its verdict).
+        Raises :class:`ExpertMiss` when a result lacks the expected text."""
+        from rlweave.agents.tools import ToolCall
+
+        messages: list[dict[str, Any]] = []
+        for i, step in enumerate(self.expert_calls(prompt)):
+            call_id = f"call_{i}"
+            messages.append(tool_call_message(step.tool, step.arguments, call_id))
+            (result,) = toolbox.execute_sync([ToolCall(name=step.tool, arguments=dict(step.arguments))])
+            if not result.ok or step.expect.lower() not in result.content.lower():
+                raise ExpertMiss(f"prompt {prompt.id}: {step.tool}({step.arguments}) returned no {step.expect!r}"
+                                 f" ({result.error or 'not in the result'})")
+            messages.append(tool_message(step.tool, result.content, call_id))
+        return messages
