@@ -125,6 +125,8 @@ def test_malformed_requests_get_errors_and_the_server_goes_on(run_dir):
                 ws.send(message)
                 reply = ws.recv()
                 assert isinstance(reply, str) and reply.startswith("rlweave serve: bad request:"), reply
+            ws.send(packb({"__ctrl__": "episode_start", "__task__": "swing up"}))  # newer openpi clients' control messages
+            assert unpackb(ws.recv()) == {"__ack__": "episode_start"}
             ws.send(packb({"observation/state": np.array([1.0, 0.0, 0.5])}))  # float64 is cast: served
             reply = unpackb(ws.recv())
             np.testing.assert_allclose(reply["actions"], _local_actions(run_dir, np.array([[1.0, 0.0, 0.5]], np.float32))[0],
