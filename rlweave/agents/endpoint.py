@@ -166,8 +166,9 @@ class PolicyEndpoint:
     def __init__(self, engine: Any, tokenizer, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, max_new_tokens: int | None = None,
-                 max_positions: int | None = None, max_response_tokens: int | None = None, model_name: str = "rlweave-policy", lock: ContextManager | None = None,
-                 seed: int = 0, max_batch: int = 64, batch_wait_s: float = 0.005, announce=None):
+                 max_positions: int | None = None, max_response_tokens: int | None = None,
+                 model_name: str = "rlweave-policy", lock: ContextManager | None = None, seed: int = 0,
+                 max_batch: int = 64, batch_wait_s: float = 0.005, announce=None):
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.security = ServerSecurity.create("openai endpoint", host=host, port=port, token=token, tls_cert=tls_cert,
                                               tls_key=tls_key, max_message_bytes=max_message_bytes, announce=announce)
