@@ -173,8 +173,9 @@ class PolicyEndpoint:
         self.security = ServerSecurity.create("openai endpoint", host=host, port=port, token=token, tls_cert=tls_cert,
                                               tls_key=tls_key, max_message_bytes=max_message_bytes, announce=announce)
         self.max_new_tokens = int(max_new_tokens or getattr(engine, "max_new_tokens", 256))
-        config = getattr(getattr(engine, "model", None), "config", None)
-        self.max_positions = int(max_positions or getattr(config, "max_position_embeddings", 1 << 30))
+        config = getattr(getattr(engine, "model", None), "config", None)  # the HF engine's model; vLLM's max_model_len
+        known = getattr(config, "max_position_embeddings", None) or getattr(engine, "max_model_len", None)
+        self.max_positions = int(max_positions or known or 1 << 30)
         self.max_response_tokens = int(max_response_tokens or 1 << 30)
         self.recorder = Recorder(tokenizer)
         self.batcher = GenerationBatcher(engine, stop_token_ids(tokenizer), max_batch=max_batch, wait_s=batch_wait_s,
