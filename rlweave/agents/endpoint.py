@@ -327,3 +327,45 @@ class PolicyEndpoint:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rlweave.agents.endpoint MODEL [--host H] [--port P] ...``: serves a trained model
+    (a Hugging Face folder, or a finished run folder: its ``model/``) at the OpenAI-compatible
+    endpoint until interrupted, e.g. to run agent code against a trained policy outside training.
+    Calls are recorded in memory only (nothing is trained)."""
+    import argparse
+
+    from rlweave.generation.hf_generator import HFGenerator
+    from rlweave.models.causal_lm import load_causal_lm, load_tokenizer
+    from rlweave.runners.llm_checks import resolve_init
+
+    ap = argparse.ArgumentParser(prog="python -m rlweave.agents.endpoint", description=main.__doc__.splitlines()[0])
+    ap.add_argument("model", help="Hugging Face model folder or finished run folder")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--max-new-tokens", type=int, default=256, help="per reply")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--tls-cert")
+    ap.add_argument("--tls-key")
+    args = ap.parse_args(argv)
+    try:
+        folder = resolve_init(args.model)
+    except ValueError as e:
+        ap.error(str(e))
+    tokenizer = load_tokenizer(folder)
+    model = load_causal_lm({"path": str(folder)}, len(tokenizer), tokenizer=tokenizer)
+    engine = HFGenerator(model, tokenizer, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    endpoint = PolicyEndpoint(engine, tokenizer, host=args.host, port=args.port, tls_cert=args.tls_cert,
+                              tls_key=args.tls_key, model_name=folder.name).start()
+    print(f"[rlweave] OpenAI-compatible endpoint at {endpoint.base_url()} (model {folder})", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        endpoint.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
