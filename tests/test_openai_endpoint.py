@@ -214,3 +214,30 @@ def test_openai_rollout_rows(policy, monkeypatch):
     assert [a["tool_calls"] for a in out["agent"]] == [1, 1] and all(out["finished"])
     assert failed["response_ids"] == [[]] and failed["agent"][0]["agent_failed"] == 1 and failed_texts == [""]
     assert failed["prompt_ids"][0]  # a context for the empty row
+
+
+def test_the_openai_agents_rows_equal_the_builtin_agent_loops(policy):
+    """The same greedy episode through the openai agent code and through rlweave's own agent loop
+    (same tools, same prompt): identical token rows, loss masks and log-probs, so GRPO trains on
+    exactly what it would train on with the built-in loop."""
+    from rlweave.agents.chat import initial_conversation
+    from rlweave.agents.loop import AgentLoop
+    from rlweave.agents.tools import make_toolbox
+
+    tok, _ = policy
+    box = make_toolbox(["calculator"])
+    try:
+        (loop,) = AgentLoop(_engine(policy), tok, box, max_turns=3, max_tokens=96, max_turn_tokens=48).run(
+            [initial_conversation(PROMPT)], n=1, greedy=True)
+    finally:
+        box.close()
+    rollout = OpenAIAgentRollout(_engine(policy), tok, {"openai_fn": "examples.openai_agent:calculator_agent",
+                                                        "max_tokens": 96}, max_turn_tokens=48)
+    try:
+        out, texts = rollout.generate([PROMPT], n=1, seed=0, greedy=True)
+    finally:
+        rollout.close()
+    assert loop.turns == 2 and texts == [loop.final_text] == ["The answer is 7006652."]
+    assert out["prompt_ids"][0] == loop.prompt_ids and out["response_ids"][0] == loop.response_ids
+    assert out["loss_mask"][0] == loop.loss_mask
+    assert torch.allclose(torch.tensor(out["logprobs"][0]), torch.tensor(loop.logprobs), atol=1e-5)
