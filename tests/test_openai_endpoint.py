@@ -125,8 +125,11 @@ def test_concurrent_episodes_and_history_rewrites(policy):
     tok, model = policy
     engine = Watched(_engine(policy, max_new_tokens=40))
     with PolicyEndpoint(engine, tok, seed=5) as endpoint:
+        ready = threading.Barrier(3)
+
         def run(i):
             client = openai.OpenAI(base_url=endpoint.base_url(f"c{i}"), api_key=endpoint.api_key, max_retries=0)
+            ready.wait()  # the three first calls arrive together
             calculator_agent(client, PROMPT)
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
