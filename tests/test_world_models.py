@@ -88,6 +88,22 @@ def test_uncertainty_info_and_penalty(model_dir):
     assert r1 == pytest.approx(r0 - 10.0 * info0["uncertainty"], rel=1e-5)
 
 
+def test_snapshot_resumes_the_imagined_episode_without_copying_starts(model_dir):
+    from rlweave.envs.snapshot import restore_env, snapshot_env
+
+    model, starts = load_world_model(model_dir), load_starts(model_dir)
+    env, twin = WorldModelEnv(model, starts, horizon=10), WorldModelEnv(model, starts, horizon=10)
+    env.reset(seed=3)
+    env.step(np.array([0.7], np.float32))
+    snap = snapshot_env(env)
+    assert all(not (isinstance(v, np.ndarray) and v.size == starts.size) for layer in snap["layers"] for v in layer.values())
+    restore_env(twin, snap)
+    a, b = env.step(np.array([-0.2], np.float32)), twin.step(np.array([-0.2], np.float32))
+    np.testing.assert_array_equal(a[0], b[0])
+    assert a[1] == b[1] and env.t == twin.t == 2
+    np.testing.assert_array_equal(env.reset()[0], twin.reset()[0])  # the start-drawing generator came along
+
+
 def test_real_eval_env_is_the_dataset_env(model_dir):
     env = make_env(str(model_dir), real=True, horizon=5)
     try:

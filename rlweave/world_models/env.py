@@ -39,6 +39,15 @@ DEFAULT_HORIZON = 50
 STARTS = {"all": "starts_all.npy", "initial": "starts_initial.npy"}
 
 
+class StartStates:
+    """The start observations, held in an object rather than as a bare array attribute: env
+    snapshots (:mod:`rlweave.envs.snapshot`, taken at every checkpoint) copy an env's plain array
+    attributes, and these never change (for a pixel model they are tens of MB)."""
+
+    def __init__(self, rows: np.ndarray):
+        self.rows = rows
+
+
 class WorldModelEnv(gym.Env):
     """One imagined env over a shared :class:`WorldModel` (batch of one per step)."""
 
@@ -54,14 +63,14 @@ class WorldModelEnv(gym.Env):
         self.world_model = model
         self.observation_space = model.observation_space
         self.action_space = model.action_space
-        self.starts = starts
+        self.starts = StartStates(starts)
         self.horizon, self.penalty = int(horizon), float(uncertainty_penalty)
         self.t = 0
         self.latent: np.ndarray | None = None  # plain numpy: env snapshots carry it across a resume
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
-        obs = self.starts[int(self.np_random.integers(len(self.starts)))]
+        obs = self.starts.rows[int(self.np_random.integers(len(self.starts.rows)))]
         self.latent = self.world_model.encode(obs[None])
         self.t = 0
         return np.array(obs, dtype=self.observation_space.dtype), {}
