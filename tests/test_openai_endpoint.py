@@ -194,6 +194,10 @@ def test_context_limit_token_and_models(policy):
         ok = client.chat.completions.create(model="p", messages=[{"role": "user", "content": QUESTION}], user="u1")
         assert ok.choices[0].finish_reason in ("stop", "length") and endpoint.recorder.episode("u1")
         assert httpx.get(endpoint.url + "/health").status_code == 200  # no token needed
+        endpoint.open = False  # between a training rollout's episodes: nothing generates
+        with pytest.raises(openai.InternalServerError, match="not serving"):
+            client.chat.completions.create(model="p", messages=[{"role": "user", "content": QUESTION}])
+        assert endpoint.wait_idle(timeout_s=5)
 
 
 def _failing_agent(client, prompt):

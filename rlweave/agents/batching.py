@@ -56,8 +56,6 @@ class GenerationBatcher:
         self.lock = lock if lock is not None else contextlib.nullcontext()
         self.greedy = False  # evaluation: the most likely token at each step
         self.batches = self.requests = 0
-        self._pending = 0
-        self._idle = threading.Condition()
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._thread = threading.Thread(target=self._serve, name="rlweave-generation-batcher", daemon=True)
         self._thread.start()
@@ -65,21 +63,8 @@ class GenerationBatcher:
     def submit(self, prompt_ids: Sequence[int], budget: int) -> Future:
         """A future of the request's :class:`Generated`."""
         fut: Future = Future()
-        with self._idle:
-            self._pending += 1
         self._queue.put(_Request(list(prompt_ids), int(budget), fut))
         return fut
-
-    def wait_idle(self, timeout_s: float | None = None) -> bool:
-        """Waits until every submitted request is answered (a rollout ends: nothing may generate
-        while the weights change); False on timeout."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout_s)
-
-    def _done(self, k: int) -> None:
-        with self._idle:
-            self._pending -= k
-            self._idle.notify_all()
 
     def _serve(self) -> None:
         while True:
@@ -97,10 +82,7 @@ class GenerationBatcher:
                     self._queue.put(None)  # stop after this batch
                     break
                 batch.append(nxt)
-            try:
-                self._run(batch)
-            finally:
-                self._done(len(batch))
+            self._run(batch)
 
     def _run(self, batch: list[_Request]) -> None:
         live = [r for r in batch if r.future.set_running_or_notify_cancel()]

@@ -182,6 +182,7 @@ class PolicyEndpoint:
                                          seed=seed, lock=lock)
         self.stats = {"requests": 0, "refused": 0, "failed": 0, "closed": 0}
         self.open = True  # False: chat calls are answered 503 (a training rollout is between episodes)
+        self._inflight, self._idle = 0, threading.Condition()
         self._server = self._thread = None
         self._port: int | None = None
 
@@ -233,14 +234,30 @@ class PolicyEndpoint:
         return _error(400, message, param=param, code=code)
 
     async def _chat(self, request):
+        self.stats["requests"] += 1
+        with self._idle:
+            if not self.open:
+                self.stats["closed"] += 1
+                return _error(503, "the policy is not serving now (no rollout in progress)", kind="server_error",
+                              code="not_serving")
+            self._inflight += 1
+        try:
+            return await self._complete(request)
+        finally:
+            with self._idle:
+                self._inflight -= 1
+                self._idle.notify_all()
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Waits until no admitted call is in progress (set ``open = False`` first: then nothing
+        generates until it is opened again, e.g. while the trainer changes the weights)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._inflight == 0, timeout=timeout_s)
+
+    async def _complete(self, request):
         from starlette.concurrency import run_in_threadpool
         from starlette.responses import JSONResponse
 
-        self.stats["requests"] += 1
-        if not self.open:
-            self.stats["closed"] += 1
-            return _error(503, "the policy is not serving now (no rollout in progress)", kind="server_error",
-                          code="not_serving")
         try:
             body = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -146,7 +146,7 @@ class OpenAIAgentRollout:
                 t.join(timeout=max(0.0, deadline - time.monotonic()))
         finally:
             ep.open = False  # abandoned episodes' next calls are refused; the ones accepted finish now
-            ep.batcher.wait_idle()
+            ep.wait_idle()
         rows, texts, scored = [], [], []
         for eid, prompt in episodes:
             answer, failed = results.get(eid, (None, True))
