@@ -240,10 +240,10 @@ class SolverVerifierRollout:
         stats = sum_stats(out["role_stats"] + [
             {"verifier/probe_accuracy": [verifier_reward(v, answers_match(a, p.answer)), 1]}
             for p, a, v in zip(prompts, probes, verdicts)])
-        agent = [a for a, role in zip(out["agent"], out["role"]) if role == "solver"]
-        return {"correct": int(sum(r > 0 for r, role in zip(out["rewards"], out["role"]) if role == "solver")),
-                "n": len(prompts), "response_tokens": sum(len(r) for r in out["response_ids"]),
-                "agent": {k: sum(a[k] for a in agent) for k in agent[0]}, "stats": stats}
+        solver = [i for i, role in enumerate(out["role"]) if role == "solver"]  # eval/accuracy and lengths: the solver's
+        return {"correct": int(sum(out["rewards"][i] > 0 for i in solver)), "n": len(prompts),
+                "response_tokens": sum(len(out["response_ids"][i]) for i in solver),
+                "agent": {k: sum(out["agent"][i][k] for i in solver) for k in out["agent"][0]}, "stats": stats}
 
     def close(self) -> None:
         self.toolbox.close()
