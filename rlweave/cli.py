@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rlweave.utils.plugins import import_object
+
 RUNNERS = {
     "onpolicy": "rlweave.runners.onpolicy:OnPolicyRunner",
     "offpolicy": "rlweave.runners.offpolicy:OffPolicyRunner",
@@ -21,8 +23,7 @@ RUNNERS = {
 
 
 def _runner_class(name: str):
-    module, _, cls = RUNNERS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return import_object(RUNNERS[name])
 
 
 def _fail(message: str) -> int:

@@ -14,7 +14,6 @@ console, a safety monitor) can supervise a run, on this machine or across a clus
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Callable
 
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 
 from rlweave.utils.tree import is_dict, tree_index, tree_len, tree_shapes
+from rlweave.utils.plugins import import_object
 
 __all__ = ["load_expert", "load_gate", "ActionGapGate", "OperatorGate", "ExpertError"]
 
@@ -31,11 +31,10 @@ class ExpertError(ValueError):
 
 
 def _import(target: str):
-    module, _, name = target.partition(":")
-    if not name:
+    if ":" not in target or target.endswith(":"):
         raise ExpertError(f"'{target}' is neither a run folder nor 'module:function'")
     try:
-        return getattr(importlib.import_module(module), name)
+        return import_object(target)
     except (ImportError, AttributeError) as e:
         raise ExpertError(f"cannot import '{target}': {e}") from None
 

@@ -25,7 +25,6 @@ exception or a hang into a counted failure with the function's name, instead of 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import multiprocessing as mp
 import random
@@ -34,6 +33,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Callable, Sequence
+
+from rlweave.utils.plugins import import_object
 
 __all__ = [
     "Prompt",
@@ -259,11 +260,10 @@ class RewardError(RuntimeError):
 
 
 def _load(spec: str) -> Callable:
-    module, _, name = spec.partition(":")
-    if not module or not name:
+    if ":" not in spec or spec.startswith(":") or spec.endswith(":"):
         raise ValueError(f"reward.fn: expected 'module:function', got {spec!r}")
     try:
-        fn = getattr(importlib.import_module(module), name)
+        fn = import_object(spec)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"reward.fn: cannot load {spec!r}: {e}") from None
     if not callable(fn):
@@ -358,8 +358,7 @@ def make_task(cfg: dict) -> TextTask:
     if builder is None:
         raise ValueError(f"task.name: unknown task {name!r}; known: {', '.join(known_tasks())}")
     if isinstance(builder, str):
-        module, _, fn = builder.partition(":")
-        builder = getattr(importlib.import_module(module), fn)
+        builder = import_object(builder)
     return builder(cfg)
 
 

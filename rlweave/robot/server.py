@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import importlib
 import json
 import sys
 import threading
@@ -42,6 +41,7 @@ import numpy as np
 from rlweave.robot.driver import RobotDriver, SimDriver, StepOutcome
 from rlweave.robot.protocol import PROTOCOL_VERSION, ProtocolError, array_spec, check_array, check_request, encode_frame, pack, unpack
 from rlweave.serving.security import SecurityError, ServerSecurity
+from rlweave.utils.plugins import import_object
 
 __all__ = ["Limits", "RobotServer", "ServerThread", "main", "run"]
 
@@ -379,8 +379,7 @@ class ServerThread:
 # ---------------------------------------------------------------------------- the command
 def _driver_factory(args) -> Callable[[], RobotDriver]:
     if args.driver:
-        module, _, fn = args.driver.partition(":")
-        return getattr(importlib.import_module(module), fn)
+        return import_object(args.driver)
     camera = None
     if args.camera:
         w, _, h = args.camera.partition("x")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable
 
-__all__ = ["PluginError", "import_plugins"]
+__all__ = ["PluginError", "import_object", "import_plugins"]
 
 
 class PluginError(ImportError):
@@ -28,3 +28,16 @@ def import_plugins(modules: Iterable[str] | None) -> None:
         except Exception as e:  # noqa: BLE001 - any failure of user code is reported the same way
             first = (str(e).splitlines() or [""])[0]
             raise PluginError(f"algorithm.plugins: cannot import '{name}': {type(e).__name__}: {first}") from e
+
+
+def import_object(spec: str):
+    """The object a ``module:attribute`` string names (lazy registry entries, user functions given in
+    a config). Raises ImportError / AttributeError as Python does, and ValueError for a string
+    without both parts; callers wrap them into their own one-line, key-naming errors."""
+    module, sep, attr = str(spec).partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"expected 'module:attribute', got {spec!r}")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj

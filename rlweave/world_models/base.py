@@ -24,7 +24,6 @@ settings, the real env id and the spaces) and whatever files the kind writes bes
 
 from __future__ import annotations
 
-import importlib
 import json
 import threading
 from abc import ABC, abstractmethod
@@ -35,6 +34,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+
+from rlweave.utils.plugins import import_object
 
 __all__ = ["WorldModel", "TorchWorldModel", "WorldStep", "WorldModelError", "MODEL_KINDS", "CONFIG_FILE", "load_world_model",
            "read_model_config", "space_to_json", "space_from_json", "is_image_space"]
@@ -178,8 +179,7 @@ def load_world_model(path: str | Path, cache: bool = True) -> WorldModel:
         kind = cfg.get("kind")
         if kind not in MODEL_KINDS:
             raise WorldModelError(f"world model {path}: unknown kind {kind!r} in {CONFIG_FILE}; known: {', '.join(sorted(MODEL_KINDS))}")
-        module, _, cls = MODEL_KINDS[kind].partition(":")
-        model = getattr(importlib.import_module(module), cls).load(key)
+        model = import_object(MODEL_KINDS[kind]).load(key)
         if cache:
             _CACHE[key] = model
         return model
