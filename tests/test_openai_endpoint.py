@@ -248,3 +248,24 @@ def test_the_openai_agents_rows_equal_the_builtin_agent_loops(policy):
     assert out["prompt_ids"][0] == loop.prompt_ids and out["response_ids"][0] == loop.response_ids
     assert out["loss_mask"][0] == loop.loss_mask
     assert torch.allclose(torch.tensor(out["logprobs"][0]), torch.tensor(loop.logprobs), atol=1e-5)
+
+
+def test_default_bind_is_loopback_and_a_missing_token_is_refused(policy):
+    """The endpoint with no host given listens on loopback alone; with a token, a request without
+    one gets 401 and no completion."""
+    import socket
+
+    from helpers import other_local_address
+
+    tok, _ = policy
+    addr, cleanup = other_local_address()
+    try:
+        with PolicyEndpoint(_engine(policy, max_new_tokens=4), tok, token="t" * 24) as endpoint:
+            port = int(endpoint.url.rsplit(":", 1)[1])
+            assert endpoint.url.startswith("http://127.0.0.1:")
+            with pytest.raises(OSError):
+                socket.create_connection((addr, port), timeout=2).close()
+            r = httpx.post(endpoint.url + "/v1/chat/completions", json={"model": "p", "messages": [{"role": "user", "content": QUESTION}]})
+            assert r.status_code == 401 and "choices" not in r.text
+    finally:
+        cleanup()

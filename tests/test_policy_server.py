@@ -197,3 +197,26 @@ def test_wire_format_and_request_contract():
     assert sorted(row) == ["image", "instruction", "privileged", "state"] and not row["privileged"].any()
     with pytest.raises(RequestError, match=r"missing key\(s\) \['observation/state'\]"):
         parse_request(observation_fields(space), {"observation/image": np.zeros((8, 8, 3), np.uint8), "prompt": "go"})
+
+
+def test_default_bind_is_loopback_and_a_missing_token_is_refused(run_dir):
+    """``rlweave serve`` with no --host listens on loopback alone; with a token, a client that
+    presents none is refused (401) before any data, and counted."""
+    import socket
+
+    from helpers import other_local_address
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    addr, cleanup = other_local_address()
+    server = _Server(run_dir, "--token", TOKEN)
+    try:
+        assert server.url.startswith("ws://127.0.0.1:")
+        with pytest.raises(OSError):
+            socket.create_connection((addr, server.port), timeout=2).close()
+        with pytest.raises(InvalidStatus, match="401"):
+            connect(server.url)
+    finally:
+        stats, _ = server.stop()
+        cleanup()
+    assert stats["refusals"]["missing_token"] == 1 and stats["requests"] == 0

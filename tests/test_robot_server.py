@@ -350,3 +350,21 @@ def test_a_lost_link_aborts_the_episode_and_no_step_is_lost_or_repeated(failure)
         finally:
             env.close()
             link.close()
+
+
+def test_default_bind_is_loopback_only():
+    """With no host given the robot server listens on loopback alone: another local address of
+    the machine refuses the connection."""
+    import socket
+
+    from helpers import other_local_address
+
+    addr, cleanup = other_local_address()
+    try:
+        with _server() as srv:
+            port = int(srv.url.rsplit(":", 1)[1])
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            with pytest.raises(OSError):
+                socket.create_connection((addr, port), timeout=2).close()
+    finally:
+        cleanup()

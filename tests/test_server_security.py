@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
-import subprocess
 import threading
 import time
 import urllib.error
@@ -15,6 +13,7 @@ import urllib.request
 
 import pytest
 
+from helpers import other_local_address as _other_local_address
 from rlweave.serving import SecurityError, ServerSecurity, bearer_headers, is_loopback
 
 websockets = pytest.importorskip("websockets")
@@ -23,26 +22,6 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
 TOKEN = "t" * 20 + "-test-token"
-
-
-def _other_local_address() -> tuple[str, callable]:
-    """A local IPv4 address that is not loopback, and a clean-up: an existing one, else a dummy
-    interface made for the test (root only)."""
-    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout if _has_ip() else ""
-    for line in out.splitlines():
-        addr = line.split()[3].split("/")[0]
-        if not addr.startswith("127."):
-            return addr, lambda: None
-    name, addr = f"rlwsec{os.getpid() % 10000}", "10.213.77.1"
-    if not _has_ip() or subprocess.run(["ip", "link", "add", name, "type", "dummy"], capture_output=True).returncode:
-        pytest.skip("no non-loopback local address and cannot create a dummy interface (needs root and `ip`)")
-    subprocess.run(["ip", "addr", "add", f"{addr}/32", "dev", name], check=True)
-    subprocess.run(["ip", "link", "set", name, "up"], check=True)
-    return addr, lambda: subprocess.run(["ip", "link", "del", name], capture_output=True)
-
-
-def _has_ip() -> bool:
-    return subprocess.run(["sh", "-c", "command -v ip"], capture_output=True).returncode == 0
 
 
 class _WsServer:
