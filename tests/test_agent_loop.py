@@ -207,7 +207,7 @@ def _actor(tmp_path, tok, algo_overrides=()):
     from rlweave.workers.lm_actor import LMActorWorker
 
     cfg = load_config("grpo-arith", ["model.hidden_size=32", "model.num_layers=2", "model.intermediate_size=64",
-                                     "algorithm.minibatch_size=8", *algo_overrides])
+                                     "algorithm.epochs=1", "algorithm.minibatch_size=8", *algo_overrides])
     tok.save_pretrained(tmp_path / "tok")
     ctx = WorkerContext(group="actor_mask_test", rank=0, world_size=1, slot=None, slot_kind="cpu", num_threads=1, local=True)
     return _bind(LMActorWorker, ctx, (OmegaConf.to_container(cfg.model), str(tmp_path / "tok"),
