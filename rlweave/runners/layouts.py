@@ -15,7 +15,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["LayoutTrials"]
+from rlweave.cluster import Cluster, make_plan
+
+__all__ = ["LayoutTrials", "llm_layout_candidates"]
 
 
 class LayoutTrials:
@@ -60,3 +62,18 @@ class LayoutTrials:
             table = ", ".join(f"{label} {t[-1]:.3f} s" for label, t in zip(self.labels, self.times))
             print(f"[rlweave] placement auto: measured {table}; chose {self.candidates[nxt][0]}")
         return nxt if nxt != self.index else None
+
+
+def llm_layout_candidates(cluster: Cluster, oversubscribe: bool = False) -> list[tuple[str, object]]:
+    """The layouts ``placement.mode=auto`` measures for a language-model run: actor and rollout in
+    one process with every slot's threads; one process per slot, each an actor rank (replicated)
+    with a rollout engine; and rollout and actor on separate halves of the slots."""
+    slots = cluster.num_slots
+    threads = slots if cluster.slot_kind == "cpu" else None
+    span = lambda a, b: ",".join(str(i) for i in range(a, b))  # noqa: E731
+    layouts = [("one process", {"actor": {"slots": "0", "threads": threads}, "rollout": {"slots": "0", "threads": threads}})]
+    if slots > 1:
+        layouts.append((f"{slots} replicated ranks", {"actor": {"slots": span(0, slots)}, "rollout": {"slots": span(0, slots)}}))
+        layouts.append(("disaggregated", {"rollout": {"slots": span(0, slots // 2)}, "actor": {"slots": span(slots // 2, slots)}}))
+    return [(label, make_plan(cluster, {"rollout": 1, "actor": 1}, "collocated", explicit, oversubscribe))
+            for label, explicit in layouts]

@@ -31,6 +31,7 @@ from rlweave.cluster import Cluster, WorkerGroup, make_plan
 from rlweave.config import ConfigError
 from rlweave.envs.text_tasks import Prompt, make_task
 from rlweave.runners.common import Budget, RunnerBase
+from rlweave.runners.layouts import llm_layout_candidates
 from rlweave.runners.llm_batches import agent_metrics, assemble, groups_of, rl_metrics
 from rlweave.runners.llm_checks import check_llm, resolve_init, sft_config
 from rlweave.runners.records import StageClock
@@ -67,7 +68,7 @@ class LLMRunner(RunnerBase):
         self._tool_specs: list | None = None
 
     def _layout_candidates(self, cluster: Cluster) -> list:
-        return layout_candidates(cluster, self.cfg.placement.oversubscribe)
+        return llm_layout_candidates(cluster, self.cfg.placement.oversubscribe)
 
     def _configured_plan(self, cluster: Cluster):
         explicit = {k: OmegaConf.to_container(v) for k, v in self.cfg.placement.groups.items()}
@@ -512,17 +513,3 @@ class LLMRunner(RunnerBase):
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
 
-
-def layout_candidates(cluster: Cluster, oversubscribe: bool = False) -> list[tuple[str, object]]:
-    """The layouts ``placement.mode=auto`` measures for a language-model run: actor and rollout in
-    one process with every slot's threads; one process per slot, each an actor rank (replicated)
-    with a rollout engine; and rollout and actor on separate halves of the slots."""
-    slots = cluster.num_slots
-    threads = slots if cluster.slot_kind == "cpu" else None
-    span = lambda a, b: ",".join(str(i) for i in range(a, b))  # noqa: E731
-    layouts = [("one process", {"actor": {"slots": "0", "threads": threads}, "rollout": {"slots": "0", "threads": threads}})]
-    if slots > 1:
-        layouts.append((f"{slots} replicated ranks", {"actor": {"slots": span(0, slots)}, "rollout": {"slots": span(0, slots)}}))
-        layouts.append(("disaggregated", {"rollout": {"slots": span(0, slots // 2)}, "actor": {"slots": span(slots // 2, slots)}}))
-    return [(label, make_plan(cluster, {"rollout": 1, "actor": 1}, "collocated", explicit, oversubscribe))
-            for label, explicit in layouts]
