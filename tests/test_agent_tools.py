@@ -229,7 +229,7 @@ def test_search_finds_passages_caches_the_index_and_rebuilds_when_the_corpus_cha
 def test_search_refuses_a_bad_jsonl_line_naming_file_and_line(tmp_path):
     path = tmp_path / "docs.jsonl"
     path.write_text('{"id": 1, "text": "fine"}\n{"id": 2, "text": \n')
-    with pytest.raises(ToolConfigError, match=r"docs\.jsonl:2: not valid JSON"):
+    with pytest.raises(ToolConfigError, match=r"docs\.jsonl:2: not JSON"):
         make_toolbox([{"name": "search", "corpus": str(path)}])
     path.write_text('{"id": 1, "body": "no text key"}\n')
     with pytest.raises(ToolConfigError, match=r"docs\.jsonl:1: no text field"):

@@ -25,7 +25,6 @@ exception or a hang into a counted failure with the function's name, instead of 
 from __future__ import annotations
 
 import hashlib
-import json
 import multiprocessing as mp
 import random
 import re
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from rlweave.utils.plugins import import_object
+from rlweave.utils import jsonl as utils_jsonl
 
 __all__ = [
     "Prompt",
@@ -182,24 +182,7 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     """``(line number, record)`` of every non-blank line of a JSONL file of objects;
     :class:`TaskDataError` names the file and line of the first that is not one, and a file
     without records."""
-    path = Path(path)
-    if not path.is_file():
-        raise TaskDataError(f"{path}: no such file")
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TaskDataError(f"{path}:{lineno}: not JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise TaskDataError(f"{path}:{lineno}: expected an object, got {type(rec).__name__}")
-            out.append((lineno, rec))
-    if not out:
-        raise TaskDataError(f"{path}: no records")
-    return out
+    return utils_jsonl.read_jsonl(path, TaskDataError)
 
 
 # --------------------------------------------------------------------------- answers

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rlweave.agents.tools.base import Tool, ToolConfigError, ToolError, ToolSpec, register_tool
+from rlweave.utils.jsonl import read_jsonl
 
 INDEX_VERSION = 1
 TEXT_SUFFIXES = (".txt", ".md", ".markdown")
@@ -92,14 +93,8 @@ def read_passages(corpus: Path, passage_words: int = 200) -> list[dict[str, str]
     for path in corpus_files(corpus):
         rel = path.relative_to(root).as_posix()
         if path.suffix.lower() in JSONL_SUFFIXES:
-            for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ToolConfigError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-                text = next((row[k] for k in _TEXT_KEYS if isinstance(row, dict) and isinstance(row.get(k), str)), None)
+            for lineno, row in read_jsonl(path, ToolConfigError, allow_empty=True):
+                text = next((row[k] for k in _TEXT_KEYS if isinstance(row.get(k), str)), None)
                 if text is None:
                     raise ToolConfigError(f"{path}:{lineno}: no text field (one of {', '.join(_TEXT_KEYS)})")
                 passages.append({"id": str(row.get("id", f"{rel}:{lineno}")), "title": str(row.get("title", "")), "text": text})
