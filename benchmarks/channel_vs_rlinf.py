@@ -257,7 +257,7 @@ def rlinf_ready(python: Path) -> str | None:
     """None when ``python`` imports RLinf's scheduler, else the one-line reason."""
     if not python.is_file():
         return f"{python} not found: run `bash scripts/setup.sh rlinf` (RLinf lives in an environment of its own)"
-    proc = subprocess.run([str(python), "-c", "import rlinf.scheduler"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([str(python), "-c", "import rlinf.scheduler"], capture_output=True, text=True, timeout=300, check=False)
     if proc.returncode != 0:
         last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["(no output)"]
         return f"{python} cannot import rlinf.scheduler: {last[0]}"
