@@ -32,7 +32,7 @@ from rlweave.config import ConfigError
 from rlweave.envs.text_tasks import Prompt, make_task
 from rlweave.runners.common import Budget, RunnerBase
 from rlweave.runners.layouts import llm_layout_candidates
-from rlweave.runners.llm_batches import agent_metrics, assemble, groups_of, rl_metrics
+from rlweave.runners.llm_batches import agent_metrics, assemble, fresh_groups, groups_of, rl_metrics
 from rlweave.runners.llm_checks import check_llm, resolve_init, sft_config
 from rlweave.runners.records import StageClock
 from rlweave.sync.weights import verify_sync
@@ -423,7 +423,8 @@ class LLMRunner(RunnerBase):
 
     def _async_generations(self, it: int):
         """Async PPO: take the batch generated while the previous update ran, then start the next
-        one at once (with the weights the rollout holds), staleness-checked."""
+        one at once (with the weights the rollout holds); groups older than ``train.max_staleness``
+        versions are dropped and counted (:func:`~rlweave.runners.llm_batches.fresh_groups`)."""
         if self._pending is None:
             self._pending = self._issue_generation(it)
         _, handle, dropped, truncated = self._pending
@@ -432,9 +433,7 @@ class LLMRunner(RunnerBase):
             packet, h = self._pending_sync
             verify_sync(packet, h.wait())
             self._pending_sync = None
-        lag = self.version - min(g["gen_version"] for g in groups)
-        if lag > self.cfg.train.max_staleness:
-            raise RuntimeError(f"async PPO: responses {lag} versions old exceed train.max_staleness={self.cfg.train.max_staleness}")
+        groups = fresh_groups(groups, self.version, self.cfg.train.max_staleness)  # stale ones dropped and counted
         if it < self.cfg.train.total_iterations:
             self._pending = self._issue_generation(it + 1)
         else:
