@@ -43,6 +43,7 @@ def _run(tmp_path: Path, recipe: str, *overrides: str, name: str = "run") -> tup
     (["train.total_iterations=0"], "train.total_iterations: give the number of RL iterations (> 0)"),
     (["algorithm.name=reinforce_pp", "algorithm.dynamic_sampling=true"], "algorithm.dynamic_sampling: needs group-relative advantages"),
     (["algorithm.name=async_ppo", "train.max_staleness=0"], "train.max_staleness: async PPO"),
+    (["algorithm.name=async_ppo", "algorithm.dynamic_sampling=true"], "algorithm.dynamic_sampling: async_ppo trains on the batch"),
     (["init.checkpoint=/nonexistent"], "init.checkpoint: /nonexistent is neither a Hugging Face model folder"),
     (["model.max_positions=8"], "model.max_positions: 8 is shorter than task.max_prompt_tokens + rollout.max_new_tokens (36)"),
     (["task.reward_fn=nonexistent_module:f"], "task.reward_fn: cannot load 'nonexistent_module:f'"),

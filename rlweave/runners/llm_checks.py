@@ -90,6 +90,9 @@ def check_llm(cfg: DictConfig):
         raise ConfigError(f"algorithm.dynamic_sampling: needs group-relative advantages; {spec.name} has none")
     if spec.asynchronous and cfg.train.max_staleness < 1:
         raise ConfigError("train.max_staleness: async PPO generates with weights one update old; needs >= 1")
+    if spec.asynchronous and a.dynamic_sampling:  # the batch in flight is taken whole: nothing to re-sample
+        raise ConfigError(f"algorithm.dynamic_sampling: {spec.name} trains on the batch generated during the last update; "
+                          "it cannot sample more prompts (use dapo or grpo)")
     if cfg.init.sft_recipe and not cfg.init.checkpoint:
         sub = sft_config(cfg)
         if algorithm_for_runner(sub.cfg).kind != "sft":
