@@ -214,6 +214,22 @@ def apply_process_settings() -> dict:
             "flush_denormal": flush, "env": {k: os.environ.get(k) for k in PROCESS_ENV_KEYS}}
 
 
+def paired_parser(prog: str, doc: str | None, repeats: int = 3, threads: int = 1):
+    """The argument parser of a two-sided benchmark with the flags every such benchmark shares
+    (``--json``, ``--repeats``, ``--threads`` and the hidden side flags), so their meaning and help
+    are the same everywhere; the benchmark adds its own."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=prog, description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--json", metavar="FILE", help="write the figures, settings and versions as one JSON object")
+    parser.add_argument("--repeats", type=int, default=repeats,
+                        help=f"measured rounds, A B then B A (>= 3 for a claim); default {repeats}")
+    parser.add_argument("--threads", type=int, default=threads,
+                        help=f"torch / OpenMP threads of each side's main process; default {threads}")
+    add_side_args(parser)
+    return parser
+
+
 def add_side_args(parser) -> None:
     """The hidden flags a benchmark's side process is started with (see :func:`run_side`)."""
     import argparse

@@ -18,7 +18,6 @@ runs in its own process, a discarded warm-up first, rounds in A B, B A order. He
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -105,16 +104,12 @@ def _side(side: str, prompts: int, samples: int, latency_ms: float, hidden: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="rlweave bench agent-overlap", description=__doc__.splitlines()[0])
+    p = C.paired_parser("rlweave bench agent-overlap", __doc__, repeats=2)
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--samples", type=int, default=8, help="trajectories per prompt")
     p.add_argument("--latency-ms", type=float, default=100.0, help="the slow side's wait per tool call")
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--threads", type=int, default=1, help="torch threads of each side's process")
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--json", default=None)
-    C.add_side_args(p)
     args = p.parse_args(argv)
     params = {"prompts": args.prompts, "samples": args.samples, "latency_ms": args.latency_ms, "hidden": args.hidden,
               "layers": args.layers}

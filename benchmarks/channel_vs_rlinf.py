@@ -28,7 +28,6 @@ against its same-named counterpart is written beside them.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import importlib.metadata
 import os
@@ -266,15 +265,11 @@ def rlinf_ready(python: Path) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="rlweave bench channel-vs-rlinf", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", metavar="FILE", help="write the figures as one JSON object")
-    ap.add_argument("--repeats", type=int, default=3, help="measured rounds (A B, B A, ...)")
+    ap = C.paired_parser("rlweave bench channel-vs-rlinf", __doc__)
     ap.add_argument("--workers", type=int, default=2, help="processes of the called worker group")
     ap.add_argument("--mb", type=float, default=10.0, help="item size of the transfer, MB (2**20 bytes)")
     ap.add_argument("--min-seconds", type=float, default=C.MIN_TIMED_S, help="least timed work per measurement")
-    ap.add_argument("--threads", type=int, default=1, help="OMP / torch threads of each side's driver process")
     ap.add_argument("--rlinf-python", default=str(RLINF_PYTHON), help="interpreter of RLinf's environment")
-    C.add_side_args(ap)
     args = ap.parse_args(argv)
     nbytes = int(args.mb * (1 << 20))
     if args.side:

@@ -19,7 +19,6 @@ a discarded warm-up first, rounds in A B, B A order. Headline: generated tokens/
 
 from __future__ import annotations
 
-import argparse
 import sys
 import threading
 import time
@@ -103,16 +102,12 @@ def _side(side: str, episodes: int, turns: int, tokens: int, hidden: int, layers
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="rlweave bench openai_endpoint", description=__doc__.splitlines()[0])
+    p = C.paired_parser("rlweave bench openai_endpoint", __doc__, repeats=2)
     p.add_argument("--episodes", type=int, default=16)
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--tokens", type=int, default=32, help="tokens per reply")
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--threads", type=int, default=1, help="torch threads of each side's process")
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--json", default=None)
-    C.add_side_args(p)
     args = p.parse_args(argv)
     params = {"episodes": args.episodes, "turns": args.turns, "tokens": args.tokens, "hidden": args.hidden,
               "layers": args.layers}

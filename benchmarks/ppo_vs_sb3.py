@@ -42,7 +42,6 @@ order; per side the median, and the median / min / max of the per-round ratios.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -250,12 +249,9 @@ def _side(name: str, **params) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="rlweave bench ppo-vs-sb3", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", metavar="FILE", help="write the headline figures as one JSON object")
+    ap = C.paired_parser("rlweave bench ppo-vs-sb3", __doc__)
     ap.add_argument("--iterations", type=int, default=20, help="measured iterations per run (one more is run first); default 20")
-    ap.add_argument("--repeats", type=int, default=3, help="measured rounds after the warm-up (>= 3 for a claim); default 3")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads of each side's main process; default 1")
     ap.add_argument("--no-warmup", action="store_true", help="skip the discarded warm-up run of each side (quick checks only)")
     ap.add_argument("--env-workers", type=int, default=2, choices=(1, 2, 4, 8),
                     help="rlweave env workers (each with its rollout replica in its process); default 2, one per core")
@@ -263,7 +259,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sb3-adam", choices=sorted(SB3_ADAM), default="fused", help="SB3's Adam implementation; default fused")
     ap.add_argument("--sb3-vec", choices=("both", *SB3_SIDES), default="both", help="SB3 vector envs to measure; default both")
     ap.add_argument("--keep-runs", metavar="DIR", help="keep rlweave's run folders (metrics.jsonl, trace.json) under DIR")
-    C.add_side_args(ap)
     args = ap.parse_args(argv)
     if args.side:
         return C.serve_side(lambda **p: _side(args.side, **p), args.side_params)

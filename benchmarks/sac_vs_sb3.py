@@ -40,7 +40,6 @@ order; per side the median, and the median / min / max of the per-round ratios.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -170,20 +169,16 @@ def _side(name: str, **params) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="rlweave bench sac-vs-sb3", description=__doc__.splitlines()[0])
-    p.add_argument("--json", default=None)
+    p = C.paired_parser("rlweave bench sac-vs-sb3", __doc__, threads=2)
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--skip", type=int, default=600, help="env steps left out at the start (start-up, warm-up)")
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2, help="torch / OpenMP threads of each side's main process; default 2")
     p.add_argument("--precision", choices=("auto", "both", "float32"), default="auto",
                    help="rlweave sides: float32 always (the headline); a bfloat16 side too where native (auto) or always (both)")
     p.add_argument("--update-threads", type=int, choices=(1, 2), default=2,
                    help="rlweave learner: critic and actor parts of each update at once (2) or one after the other (1)")
     p.add_argument("--sb3-vec", choices=("both", *SB3_SIDES), default="both")
     p.add_argument("--no-warmup", action="store_true", help="skip the discarded warm-up run of each side (quick checks only)")
-    C.add_side_args(p)
     args = p.parse_args(argv)
     if args.side:
         return C.serve_side(lambda **kw: _side(args.side, **kw), args.side_params)
