@@ -19,8 +19,9 @@ from typing import Iterable
 
 import torch
 from torch import Tensor, nn
+from torch.optim import optimizer as _optim
 
-__all__ = ["FlatParameters"]
+__all__ = ["FlatParameters", "adam_step"]
 
 
 class FlatParameters:
@@ -87,3 +88,34 @@ class FlatParameters:
         self.flat.data = self.flat.data.to(device)
         self.flat.grad = grad
         self.bind()
+
+
+def adam_step(optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer.step()`` for a fused Adam over one flat parameter, without the Python around it.
+
+    ``Optimizer.step`` wraps the kernel in hook, profiler, grad-mode, dynamo and device-grouping
+    layers: ~75 us of Python per step next to the ~15 us kernel on a 64x64 PPO network, where
+    320 steps make one iteration. Here the same two calls ``Adam.step`` ends in (the step count
+    incremented, then ``torch._fused_adam_`` with the group's settings) are made directly, on the
+    optimizer's own state, so the result is bit-identical and state dicts are unchanged. Anything
+    else (the first step, which creates the state; hooks; amsgrad, maximize, weight-decay variants;
+    several parameters or groups; a tensor lr) goes through ``optimizer.step()``.
+    """
+    groups = optimizer.param_groups
+    g = groups[0]
+    params = g["params"]
+    state = optimizer.state.get(params[0]) if len(groups) == 1 and len(params) == 1 else None
+    if (state is None or "step" not in state or type(optimizer) is not torch.optim.Adam or not g.get("fused")
+            or g["amsgrad"] or g["maximize"] or g["differentiable"] or g.get("decoupled_weight_decay")
+            or isinstance(g["lr"], Tensor) or params[0].grad is None or optimizer._optimizer_step_pre_hooks
+            or optimizer._optimizer_step_post_hooks or _optim._global_optimizer_pre_hooks
+            or _optim._global_optimizer_post_hooks):
+        optimizer.step()
+        return
+    p = params[0]
+    beta1, beta2 = g["betas"]
+    with torch.no_grad():
+        torch._foreach_add_([state["step"]], 1)
+        torch._fused_adam_([p], [p.grad], [state["exp_avg"]], [state["exp_avg_sq"]], [], [state["step"]],
+                           amsgrad=False, lr=g["lr"], beta1=float(beta1), beta2=float(beta2),
+                           weight_decay=g["weight_decay"], eps=g["eps"], maximize=False, grad_scale=None, found_inf=None)

@@ -26,7 +26,7 @@ from rlweave.algorithms.contracts import PolicySFTLossInput
 from rlweave.data.demos import Demonstrations, load_demonstrations
 from rlweave.cluster import Worker
 from rlweave.models import build_policy
-from rlweave.models.flat import FlatParameters
+from rlweave.models.flat import FlatParameters, adam_step
 from rlweave.models.inputs import float_observations, policy_input
 from rlweave.utils.tree import is_dict, tree_index, tree_map
 from rlweave.utils.memory import device_memory_mb, peak_rss_mb
@@ -218,18 +218,21 @@ class ActorWorker(Worker):
         names: list[str] = []
         count = 0
         keys = ("obs", "action", "log_prob", "adv", "returns", "value")
+        n_mb = B // mb if B >= mb else 1  # full minibatches only (a short tail is left out), or one of all rows
+        whiten = whiten and cfg.get("norm_adv", True)
         for _ in range(cfg["epochs"]):
             perm = torch.from_numpy(self.rng.permutation(B))
-            shuffled = {k: batch[k][perm] for k in keys}  # one gather per epoch, then cheap slices
-            for start in range(0, B - mb + 1 if B >= mb else 1, mb):
-                mbatch = {k: v[start : start + mb] for k, v in shuffled.items()}
-                if cfg.get("norm_adv", True) and whiten:  # over the whole minibatch, before any split
+            # one gather per epoch, then every minibatch's views in one split per key
+            parts = {k: batch[k][perm].split(mb if B >= mb else max(1, B)) for k in keys}
+            for i in range(n_mb):
+                mbatch = {k: v[i] for k, v in parts.items()}
+                if whiten:  # over the whole minibatch, before any split
                     mbatch["adv"] = normalize(mbatch["adv"])
                 self.flat.zero_grad()
                 stacked, terms = self._accumulate(model, mbatch, clip)
                 if cfg["max_grad_norm"] > 0:
                     self.flat.clip_grad_norm_(cfg["max_grad_norm"])
-                self.optimizer.step()
+                adam_step(self.optimizer)  # optimizer.step(), bit for bit, without its Python layers
                 # summed as one stacked tensor: two ops per minibatch and no sync to Python
                 sums = stacked if sums is None else sums + stacked
                 names = names or list(terms)
@@ -339,7 +342,7 @@ class ActorWorker(Worker):
                 self.flat.flat.grad.div_(self.world_size)
             if cfg["max_grad_norm"] > 0:
                 self.flat.clip_grad_norm_(cfg["max_grad_norm"])
-            self.optimizer.step()
+            adam_step(self.optimizer)
             sums = stacked if sums is None else sums + stacked
             names = names or list(terms)
         self.policy.eval()
