@@ -21,6 +21,10 @@ import torch
 from torch import Tensor, nn
 from torch.optim import optimizer as _optim
 
+# the private pieces adam_step relies on (torch 2.13); without any of them it is optimizer.step()
+_DIRECT_ADAM = all(hasattr(o, a) for o, a in ((torch, "_fused_adam_"), (torch, "_foreach_add_"),
+                                               (_optim, "_global_optimizer_pre_hooks"), (_optim, "_global_optimizer_post_hooks")))
+
 __all__ = ["FlatParameters", "adam_step"]
 
 
@@ -105,10 +109,10 @@ def adam_step(optimizer: torch.optim.Optimizer) -> None:
     g = groups[0]
     params = g["params"]
     state = optimizer.state.get(params[0]) if len(groups) == 1 and len(params) == 1 else None
-    if (state is None or "step" not in state or type(optimizer) is not torch.optim.Adam or not g.get("fused")
+    if (not _DIRECT_ADAM or state is None or "step" not in state or type(optimizer) is not torch.optim.Adam or not g.get("fused")
             or g["amsgrad"] or g["maximize"] or g["differentiable"] or g.get("decoupled_weight_decay")
-            or isinstance(g["lr"], Tensor) or params[0].grad is None or optimizer._optimizer_step_pre_hooks
-            or optimizer._optimizer_step_post_hooks or _optim._global_optimizer_pre_hooks
+            or isinstance(g["lr"], Tensor) or params[0].grad is None or getattr(optimizer, "_optimizer_step_pre_hooks", True)
+            or getattr(optimizer, "_optimizer_step_post_hooks", True) or _optim._global_optimizer_pre_hooks
             or _optim._global_optimizer_post_hooks):
         optimizer.step()
         return
