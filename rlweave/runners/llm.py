@@ -34,6 +34,7 @@ from rlweave.runners.common import Budget, RunnerBase
 from rlweave.runners.layouts import llm_layout_candidates
 from rlweave.runners.llm_batches import agent_metrics, assemble, fresh_groups, groups_of, rl_metrics
 from rlweave.runners.llm_checks import check_llm, resolve_init, sft_config
+from rlweave.runners.llm_prompts import fit_prompts
 from rlweave.runners.records import StageClock
 from rlweave.sync.weights import verify_sync
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace
@@ -215,23 +216,10 @@ class LLMRunner(RunnerBase):
 
     # ------------------------------------------------------------------ prompts
     def _fit_prompts(self, prompts: list[Prompt], tokenizer=None) -> tuple[list[Prompt], int, int]:
-        """``task.max_prompt_tokens``: longer prompts are dropped or cut to their last tokens (the
-        end holds the question and the answer cue), per ``task.prompt_overflow``. Returns the kept
-        prompts and the (dropped, truncated) counts."""
-        limit, mode = self.cfg.task.max_prompt_tokens, self.cfg.task.prompt_overflow
+        """``task.max_prompt_tokens`` per ``task.prompt_overflow`` (:func:`fit_prompts`)."""
         tokenizer = tokenizer or self.tokenizer
-        kept, dropped, truncated = [], 0, 0
-        for p in prompts:
-            ids = tokenizer(p.text, add_special_tokens=False)["input_ids"]
-            overhead = self._prompt_overhead(tokenizer, p, len(ids))
-            if len(ids) + overhead <= limit:
-                kept.append(p)
-            elif mode == "drop" or overhead >= limit:
-                dropped += 1
-            else:
-                truncated += 1
-                kept.append(Prompt(p.id, tokenizer.decode(ids[-(limit - overhead):]), p.answer, p.meta))
-        return kept, dropped, truncated
+        return fit_prompts(prompts, tokenizer, self.cfg.task.max_prompt_tokens, self.cfg.task.prompt_overflow,
+                           lambda p, n: self._prompt_overhead(tokenizer, p, n))
 
     def _prompt_overhead(self, tokenizer, prompt: Prompt, question_tokens: int) -> int:
         """Tokens an agent episode's first context adds around the question (system prompt, tools,
