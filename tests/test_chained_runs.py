@@ -107,3 +107,24 @@ def test_run_wide_settings_reach_the_warm_up_as_values_not_override_text():
     cfg = load_config("grpo-arith", ["run.tags=['lr=3e-4',b]", "run.group='exp(1)'", "run.loggers=[tensorboard]"])
     sub = sft_config(cfg)
     assert list(sub.cfg.run.tags) == ["lr=3e-4", "b"] and sub.cfg.run.group == "exp(1)" and sub.cfg.seed == cfg.seed
+
+
+def test_a_held_out_split_mostly_dropped_for_length_is_named_before_work(tmp_path, capsys):
+    from rlweave.envs.text_tasks import JsonlQATask
+    from rlweave.runners.llm_prompts import check_prompt_fit
+
+    lines = [json.dumps({"question": " ".join(["word"] * (30 if i % 2 else 3)) + f" what is {i}?", "answer": f"#### {i}"})
+             for i in range(20)]
+    (tmp_path / "qa.jsonl").write_text("\n".join(lines) + "\n")
+    task = JsonlQATask(tmp_path / "qa.jsonl", test_fraction=0.5)
+    cfg = load_config("grpo-arith", ["task.max_prompt_tokens=16", "task.eval_prompts=10"])
+
+    def fit(prompts):  # a word is a token here: the rule under test is the check's, not the tokenizer's
+        kept = [p for p in prompts if len(p.text.split()) <= 16]
+        return kept, len(prompts) - len(kept), 0
+
+    check_prompt_fit(task, cfg, fit, eval_seed=0)
+    assert "warning: task.max_prompt_tokens=16 drops 5 of 10 held-out prompts" in capsys.readouterr().out
+    cfg = load_config("grpo-arith", ["task.max_prompt_tokens=64", "task.eval_prompts=10"])
+    check_prompt_fit(task, cfg, lambda ps: (ps, 0, 0), eval_seed=0)
+    assert "warning" not in capsys.readouterr().out

@@ -34,7 +34,7 @@ from rlweave.runners.common import Budget, RunnerBase
 from rlweave.runners.layouts import llm_layout_candidates
 from rlweave.runners.llm_batches import agent_metrics, assemble, fresh_groups, groups_of, rl_metrics
 from rlweave.runners.llm_checks import check_llm, resolve_init, sft_config
-from rlweave.runners.llm_prompts import fit_prompts
+from rlweave.runners.llm_prompts import check_prompt_fit, fit_prompts
 from rlweave.runners.records import StageClock
 from rlweave.sync.weights import verify_sync
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace
@@ -158,17 +158,8 @@ class LLMRunner(RunnerBase):
         return run_warmup(self, LLMRunner, sft_config(cfg), "eval/accuracy", "accuracy", check_before_training) / "model"
 
     def check_prompts(self, tokenizer) -> None:
-        """Refuses, before any work, a task whose prompts do not fit ``task.max_prompt_tokens`` under
-        ``tokenizer``: every held-out prompt (evaluation would be empty), or every train prompt of a
-        sample (RL would have nothing to generate from)."""
-        cfg = self.cfg
-        limit = cfg.task.max_prompt_tokens
-        if cfg.train.eval_every and not self._fit_prompts(self.task.prompts("test", cfg.task.eval_prompts, EVAL_SEED), tokenizer)[0]:
-            raise ConfigError(f"task.max_prompt_tokens: every held-out prompt is longer than {limit} tokens and would be "
-                              "dropped (raise it, or task.prompt_overflow=truncate)")
-        if not self._fit_prompts(self.task.prompts("train", 64, cfg.seed), tokenizer)[0]:
-            raise ConfigError(f"task.max_prompt_tokens: all 64 train prompts sampled are longer than {limit} tokens "
-                              "and would be dropped (raise it, or task.prompt_overflow=truncate)")
+        """Refuses, before any work, prompts that do not fit (:func:`check_prompt_fit`)."""
+        check_prompt_fit(self.task, self.cfg, lambda prompts: self._fit_prompts(prompts, tokenizer), EVAL_SEED)
 
     def _tokenizer(self, model_path: str | None) -> str:
         """The tokenizer folder every worker loads: the configured one, the model's, or one

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+from rlweave.config import ConfigError
 from rlweave.envs.text_tasks import Prompt
 
-__all__ = ["fit_prompts"]
+__all__ = ["check_prompt_fit", "fit_prompts"]
 
 
 def fit_prompts(prompts: list[Prompt], tokenizer, limit: int, mode: str,
@@ -28,3 +29,22 @@ def fit_prompts(prompts: list[Prompt], tokenizer, limit: int, mode: str,
             truncated += 1
             kept.append(Prompt(p.id, tokenizer.decode(ids[-(limit - extra):]), p.answer, p.meta))
     return kept, dropped, truncated
+
+
+def check_prompt_fit(task, cfg, fit: Callable[[list[Prompt]], tuple[list[Prompt], int, int]], eval_seed: int) -> None:
+    """Refuses, before any work, a task whose prompts do not fit ``task.max_prompt_tokens`` under
+    ``fit``: every held-out prompt (evaluation would be empty), or every train prompt of a sample
+    (RL would have nothing to generate from). Warns when over a tenth of the held-out prompts are
+    dropped: the score would then describe the short prompts only, and nothing else says so."""
+    limit = cfg.task.max_prompt_tokens
+    if cfg.train.eval_every:
+        kept, dropped, _ = fit(task.prompts("test", cfg.task.eval_prompts, eval_seed))
+        if not kept:
+            raise ConfigError(f"task.max_prompt_tokens: every held-out prompt is longer than {limit} tokens and would be "
+                              "dropped (raise it, or task.prompt_overflow=truncate)")
+        if dropped > 0.1 * (len(kept) + dropped):
+            print(f"[rlweave] warning: task.max_prompt_tokens={limit} drops {dropped} of {len(kept) + dropped} held-out "
+                  "prompts (the longer ones); evaluation and training see the rest only", flush=True)
+    if not fit(task.prompts("train", 64, cfg.seed))[0]:
+        raise ConfigError(f"task.max_prompt_tokens: all 64 train prompts sampled are longer than {limit} tokens "
+                          "and would be dropped (raise it, or task.prompt_overflow=truncate)")
