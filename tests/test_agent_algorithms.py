@@ -173,9 +173,9 @@ def _group(version: int) -> dict:
 
 
 def test_stale_groups_are_dropped_and_counted_and_none_fresh_is_one_line():
-    kept = fresh_groups([_group(3), _group(1), _group(2)], version=3, max_staleness=1)
-    assert [g["gen_version"] for g in kept] == [3, 2] and kept[0]["stale_dropped"] == 1
-    assert fresh_groups([_group(2)], version=3, max_staleness=1)[0]["stale_dropped"] == 0
+    kept, stale = fresh_groups([_group(3), _group(1), _group(2)], version=3, max_staleness=1)
+    assert [g["gen_version"] for g in kept] == [3, 2] and stale == 1
+    assert fresh_groups([_group(2)], version=3, max_staleness=1)[1] == 0
     with pytest.raises(RuntimeError) as e:
         fresh_groups([_group(0), _group(1)], version=4, max_staleness=2)
     assert "train.max_staleness=2" in str(e.value) and "\n" not in str(e.value)

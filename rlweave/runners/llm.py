@@ -313,7 +313,7 @@ class LLMRunner(RunnerBase):
         a, it = self.cfg.algorithm, self.iteration + 1
         clock = StageClock(trace)
         with clock.stage("generate"):
-            gens, dropped, truncated, rounds = (self._async_generations if self.spec.asynchronous else self._generations)(it)
+            gens, dropped, truncated, rounds, stale = (self._async_generations if self.spec.asynchronous else self._generations)(it)
         with clock.stage("score"):
             batch = assemble(gens, self.tokenizer.pad_token_id)
             scored = {} if self._single_pass(len(batch["rewards"])) else self.actor.score(batch)
@@ -328,6 +328,7 @@ class LLMRunner(RunnerBase):
             self._sync_after_update()
         record = {"iteration": it, "env_steps": self.env_steps, **clock.record(),
                   "train/prompts_dropped": dropped, "train/prompts_truncated": truncated, "train/sampling_rounds": rounds,
+                  "train/stale_groups_dropped": stale,
                   **rl_metrics(batch, scored, scores, kl, outs, clock.times, a.epochs, self.version)}
         if self._layouts is not None:
             record["plan/layout"] = self._layouts.index
@@ -398,7 +399,7 @@ class LLMRunner(RunnerBase):
                 break
         if not kept:  # not one informative group in every round: train on the last (its advantages are 0)
             kept = last
-        return kept[:want], dropped, truncated, rounds
+        return kept[:want], dropped, truncated, rounds, 0
 
     def _async_generations(self, it: int):
         """Async PPO: take the batch generated while the previous update ran, then start the next
@@ -412,12 +413,12 @@ class LLMRunner(RunnerBase):
             packet, h = self._pending_sync
             verify_sync(packet, h.wait())
             self._pending_sync = None
-        groups = fresh_groups(groups, self.version, self.cfg.train.max_staleness)  # stale ones dropped and counted
+        groups, stale = fresh_groups(groups, self.version, self.cfg.train.max_staleness)
         if it < self.cfg.train.total_iterations:
             self._pending = self._issue_generation(it + 1)
         else:
             self._pending = None
-        return groups, dropped, truncated, 1
+        return groups, dropped, truncated, 1, stale
 
     # ------------------------------------------------------------------ evaluation, checkpoints
     def evaluate(self) -> dict:

@@ -35,21 +35,19 @@ def groups_of(gen: dict, n: int) -> list[dict]:
     return groups
 
 
-def fresh_groups(groups: list[dict], version: int, max_staleness: int) -> list[dict]:
+def fresh_groups(groups: list[dict], version: int, max_staleness: int) -> tuple[list[dict], int]:
     """Asynchronous PPO's staleness bound, applied before an update at policy ``version``: groups
-    sampled more than ``max_staleness`` versions earlier are dropped, and how many is counted on
-    the first group kept (``stale_dropped``, summed by :func:`assemble`, logged as
-    ``train/stale_groups_dropped``): a stale group's importance weights would be capped almost
-    everywhere, so it would mostly add variance. Single-turn rows and multi-turn agent
-    trajectories alike (a trajectory's turns all come from one engine version: the weights land
+    sampled more than ``max_staleness`` versions earlier are dropped; returns the kept groups and
+    how many were dropped (logged as ``train/stale_groups_dropped``): a stale group's importance
+    weights would be capped almost everywhere, so it would mostly add variance. Single-turn rows
+    and multi-turn agent trajectories alike (a trajectory's turns all come from one engine version: the weights land
     between generations). Nothing fresh enough left: ``RuntimeError`` on one line."""
     kept = [g for g in groups if version - g["gen_version"] <= max_staleness]
     if not kept:
         oldest = version - min(g["gen_version"] for g in groups)
         raise RuntimeError(f"async PPO: every one of {len(groups)} groups is older than train.max_staleness={max_staleness} "
                            f"versions (the oldest {oldest}); nothing left to train on")
-    kept[0] = {**kept[0], "stale_dropped": kept[0].get("stale_dropped", 0) + len(groups) - len(kept)}
-    return kept
+    return kept, len(groups) - len(kept)
 
 
 def assemble(groups: list[dict], pad_token_id: int) -> dict:
@@ -85,7 +83,6 @@ def assemble(groups: list[dict], pad_token_id: int) -> dict:
         "width_tokens": np.array([len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows]),
         "time/generate": sum(g["time/generate"] for g in groups),
         "informative_groups": sum(g["informative"] for g in groups),
-        "stale_dropped": sum(g.get("stale_dropped", 0) for g in groups),
     }
 
 
@@ -105,7 +102,6 @@ def rl_metrics(batch: dict, scored: dict, scores: torch.Tensor, kl: torch.Tensor
         # staleness: versions between the weights that sampled a row and those the update starts from
         "train/policy_lag": float(np.mean(version - 1 - np.asarray(batch["gen_version"]))),
         "train/staleness_max": int(np.max(version - 1 - np.asarray(batch["gen_version"]))),
-        "train/stale_groups_dropped": batch["stale_dropped"],
         "throughput/generate_tokens_per_s": gen_tokens / max(batch["time/generate"], 1e-9),
         "throughput/score_tokens_per_s": int(np.sum(batch["width_tokens"])) / max(times["time/score"], 1e-9),
         "throughput/train_tokens_per_s": int(np.sum(batch["width_tokens"])) * epochs / max(times["time/update"], 1e-9),
