@@ -54,34 +54,16 @@ def _toolbox(latency_s: float):
 def _policy(hidden: int, layers: int, specs: list[dict]):
     """A tokenizer with the chat template and a Qwen3 that has learnt the expert's calculator
     episode (a few seconds of SFT on it), so that its trajectories call the tool and answer."""
-    import json
-
-    import torch
-
+    from rlweave.agents.memorised import memorise_episode
     from rlweave.agents.tasks.prompts import final_answer, initial_messages, tool_call_message, tool_message
     from rlweave.envs.text_tasks import Prompt
-    from rlweave.models.causal_lm import CausalLMPolicy, build_causal_lm, train_tokenizer
-    from rlweave.models.chat_template import add_chat_template, encode_conversation
 
-    torch.manual_seed(0)
     prompt = Prompt(id="q", text=QUESTION, answer=ANSWER, meta={"tools": ["calculator"]})
     expert = initial_messages(prompt) + [tool_call_message("calculator", {"expression": EXPRESSION}, "c0"),
                                          tool_message("calculator", ANSWER, "c0"),
                                          {"role": "assistant", "content": final_answer(ANSWER)}]
-    tok = add_chat_template(train_tokenizer([json.dumps(specs)] + [json.dumps(m) for m in expert] * 2, vocab_size=700))
-    ids, mask = encode_conversation(tok, expert, specs)
-    model = build_causal_lm(len(tok), arch="qwen3", hidden_size=hidden, num_layers=layers, num_heads=4, num_kv_heads=2,
-                            intermediate_size=2 * hidden, max_positions=512, seed=0)
-    trainer, opt = CausalLMPolicy(model), torch.optim.Adam(model.parameters(), lr=3e-3)
-    x, targets = torch.tensor([ids]), torch.tensor([mask[1:]])
-    for _ in range(300):
-        loss = -trainer(x, torch.ones_like(x), with_entropy=False)["logprobs"][targets].mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if loss.item() < 0.02:
-            break
-    return tok, model.eval(), initial_messages(prompt)
+    tok, model, _ = memorise_episode(expert, specs, hidden=hidden, layers=layers, arch="qwen3", lr=3e-3, max_steps=300)
+    return tok, model, initial_messages(prompt)
 
 
 def _side(side: str, prompts: int, samples: int, latency_ms: float, hidden: int, layers: int) -> dict:

@@ -18,12 +18,12 @@ import torch
 
 from examples.openai_agent import TOOLS, calculator_agent
 from rlweave.agents.endpoint import PolicyEndpoint
+from rlweave.agents.memorised import memorise_episode
 from rlweave.agents.openai_rollout import OpenAIAgentRollout
 from rlweave.agents.tasks.prompts import final_answer, initial_messages, tool_call_message, tool_message
 from rlweave.envs.text_tasks import Prompt
 from rlweave.generation.hf_generator import HFGenerator
-from rlweave.models.causal_lm import CausalLMPolicy, build_causal_lm, response_batch, train_tokenizer
-from rlweave.models.chat_template import add_chat_template, encode_conversation
+from rlweave.models.causal_lm import CausalLMPolicy, response_batch
 
 QUESTION = "What is 1234 * 5678?"
 PROMPT = Prompt(id="q0", text=QUESTION, answer="7006652", meta={"tools": ["calculator"]})
@@ -39,25 +39,9 @@ def _expert() -> list[dict]:
 @pytest.fixture(scope="module")
 def policy():
     """(tokenizer, model) where the model has learnt the expert's calculator episode by heart."""
-    torch.manual_seed(0)
-    expert = _expert()
-    corpus = [json.dumps(TOOLS)] + [json.dumps(m) for m in expert]
-    tok = add_chat_template(train_tokenizer(corpus * 2, vocab_size=700))
-    ids, mask = encode_conversation(tok, expert, TOOLS)
-    model = build_causal_lm(len(tok), hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                            max_positions=512, seed=0)
-    trainer = CausalLMPolicy(model)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    x, targets = torch.tensor([ids]), torch.tensor([mask[1:]])
-    for _ in range(120):
-        loss = -trainer(x, torch.ones_like(x), with_entropy=False)["logprobs"][targets].mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if loss.item() < 0.02:
-            break
-    assert loss.item() < 0.1, f"the tiny model did not learn the episode (loss {loss.item():.3f})"
-    return tok, model.eval()
+    tok, model, loss = memorise_episode(_expert(), TOOLS, hidden=64, layers=2, lr=1e-2, max_steps=120)
+    assert loss < 0.1, f"the tiny model did not learn the episode (loss {loss:.3f})"
+    return tok, model
 
 
 class Watched:
