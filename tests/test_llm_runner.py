@@ -367,6 +367,23 @@ def test_jsonl_task_with_long_prompts_drops_or_truncates_them_and_counts(tmp_pat
     assert d["env_steps"] == (8 - d["train/prompts_dropped"]) * 4 and c["env_steps"] == 8 * 4
 
 
+def test_a_resume_on_changed_data_is_refused_before_any_work(tmp_path):
+    from rlweave.config import ConfigError
+
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"}) + "\n" for i in range(20)))
+    common = [*RL, *LOCAL, "task.name=jsonl_qa", f"task.train_file={data}", "task.test_fraction=0.2", "train.total_iterations=1"]
+    runner, _ = _run(tmp_path, "grpo-arith", *common)
+    inputs = json.loads((tmp_path / "run" / "inputs.json").read_text())
+    assert inputs["task.train_file"]["path"] == str(data) and len(inputs["task.train_file"]["sha256"]) == 64
+    metrics_before = (tmp_path / "run" / "metrics.jsonl").read_bytes()
+    data.write_text(data.read_text().replace("What is 3 plus", "What is 3 and"))  # regenerated under the same name
+    with pytest.raises(ConfigError) as e:
+        LLMRunner(_cfg("grpo-arith", *common, "train.total_iterations=2"), tmp_path / "run", resume=True).run()
+    assert str(e.value).startswith(f"task.train_file: {data} changed since the run started") and "\n" not in str(e.value)
+    assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == metrics_before  # nothing written
+
+
 def test_sft_jsonl_reads_prompt_response_and_chat_records_and_names_bad_lines(tmp_path):
     from rlweave.envs.text_tasks import TaskDataError
     from rlweave.data.sft_data import SFTExample, read_sft_jsonl

@@ -22,6 +22,7 @@ from rlweave.runners.checks import algorithm_for_runner, check_compatible, plan_
 from rlweave.runners.layouts import LayoutTrials
 from rlweave.runners.tracking import Tracking
 from rlweave.runners.evaluate import evaluate_policy
+from rlweave.runners.inputs import record_or_check_inputs
 from rlweave.sync.weights import resolve_buckets, unpack_into, verify_sync
 from rlweave.utils.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace, truncate_metrics, write_text_atomic
@@ -308,6 +309,7 @@ class RunnerBase(Tracking):
         API, e.g. ``runner.scale_env(n)``."""
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        record_or_check_inputs(self.run_dir, cfg, self.resume)  # a resume on changed data is refused before any work
         self._t_start = time.perf_counter()
         last: dict = {}
         restore_signals = lambda: None  # noqa: E731
