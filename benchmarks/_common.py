@@ -46,7 +46,12 @@ LIBRARIES = ("rlweave", "torch", "numpy", "ray", "tensordict", "gymnasium", "muj
              "transformers", "accelerate", "datasets", "tokenizers")
 
 PROCESS_ENV_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_",
-                    "MALLOC_TRIM_THRESHOLD_", "RLWEAVE_BENCH_THREADS", "RLWEAVE_BENCH_FLUSH_DENORMAL", "RAY_ADDRESS")
+                    "MALLOC_TRIM_THRESHOLD_", "RLWEAVE_BENCH_THREADS", "RLWEAVE_BENCH_FLUSH_DENORMAL", "RAY_ADDRESS",
+                    "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+# OpenMP wait settings of the shell that launched the bench are not passed on: OMP_WAIT_POLICY=PASSIVE
+# (right for learning runs sharing 2 cores) halves a lone 2-thread process's small-op training loop
+# (measured: a SAC-sized update 286 -> 143 iterations/s), so it would handicap a 2-thread baseline
+INHERITED_ENV_DROPPED = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
 # --------------------------------------------------------------------------- timing
@@ -193,7 +198,7 @@ def side_env(threads: int, base: Mapping[str, str] | None = None) -> dict[str, s
     set their own per slot, as they always do); malloc settings as rlweave's workers get them (a
     value already in the environment wins there too); flush-denormal switched on by
     :func:`apply_process_settings`; an embedded Ray of its own for every run."""
-    env = dict(os.environ if base is None else base)
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in INHERITED_ENV_DROPPED}
     env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "RLWEAVE_BENCH_THREADS": str(threads),
                 "RLWEAVE_BENCH_FLUSH_DENORMAL": "1", "RAY_ADDRESS": "local", "PYTHONUNBUFFERED": "1"})
     for key, value in rlweave_malloc_settings().items():

@@ -81,6 +81,12 @@ def test_side_env_is_the_same_for_every_side_and_carries_rlweaves_malloc_setting
     assert env["RLWEAVE_BENCH_FLUSH_DENORMAL"] == "1" and env["OMP_NUM_THREADS"] == "1"
 
 
+def test_side_env_drops_the_launching_shells_openmp_wait_policy(C):
+    env = C.side_env(2, base={"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0", "HOME": "/x"})
+    assert "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env and env["HOME"] == "/x"
+    assert "OMP_WAIT_POLICY" in C.PROCESS_ENV_KEYS  # recorded in every side's effective settings
+
+
 def test_a_side_runs_in_its_own_process_with_the_settings(C, tmp_path):
     script = tmp_path / "side.py"
     script.write_text(
