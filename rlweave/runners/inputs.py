@@ -8,13 +8,13 @@ a reader of the folder can tell which data a figure came from."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from rlweave.config import ConfigError
+from rlweave.utils.checkpoint import file_sha256
 from rlweave.utils.metrics import write_text_atomic
 
 __all__ = ["DATA_FILE_KEYS", "data_fingerprints", "record_or_check_inputs"]
@@ -24,14 +24,6 @@ DATA_FILE_KEYS = ("task.train_file", "task.test_file", "data.path")
 INPUTS_FILE = "inputs.json"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def data_fingerprints(cfg: DictConfig) -> dict[str, dict]:
     """``{config key: {path, sha256, bytes}}`` for each of :data:`DATA_FILE_KEYS` naming a file."""
     out = {}
@@ -39,7 +31,7 @@ def data_fingerprints(cfg: DictConfig) -> dict[str, dict]:
         value = OmegaConf.select(cfg, key, default=None)
         if value and Path(str(value)).is_file():
             path = Path(str(value))
-            out[key] = {"path": str(value), "sha256": _sha256(path), "bytes": path.stat().st_size}
+            out[key] = {"path": str(value), "sha256": file_sha256(path), "bytes": path.stat().st_size}
     return out
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "CheckpointError",
     "MANIFEST",
     "checkpoint_dir",
+    "file_sha256",
     "save_checkpoint",
     "list_checkpoints",
     "verify_checkpoint",
@@ -50,7 +51,8 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file, read in 4 MB blocks (checkpoint manifests, a run's data fingerprints)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
@@ -87,7 +89,7 @@ def save_checkpoint(run_dir: str | Path, iteration: int, parts: dict[str, Any], 
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
-        files[path.name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+        files[path.name] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
     manifest = {"format": _FORMAT, "iteration": int(iteration), "score": None if score is None else float(score), "files": files}
     with open(tmp / MANIFEST, "w") as f:
         json.dump(manifest, f, indent=1)
@@ -163,7 +165,7 @@ def verify_checkpoint(path: str | Path) -> bool:
         size = f.stat().st_size
         if size != meta["size"]:
             raise CheckpointError(f"checkpoint {path}: {name} has {size} bytes, the manifest says {meta['size']}")
-        if _sha256(f) != meta["sha256"]:
+        if file_sha256(f) != meta["sha256"]:
             raise CheckpointError(f"checkpoint {path}: {name} does not match its SHA-256 in the manifest")
     return True
 
