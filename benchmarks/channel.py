@@ -111,6 +111,34 @@ def _windowed(submit, fetch, nbytes: int, n: int) -> tuple[float, bool]:
     return time.perf_counter() - t0, owns
 
 
+def profile_item(ch, nbytes: int, n: int = 40) -> dict:
+    """Where one channel item's time goes, part by part, in this process (milliseconds, medians of
+    ``n``): encoding into the producer's shared-memory arena (pickle + one copy), decoding out of
+    it (one copy into fresh memory + unpickle), one put and one get of a tiny item through the
+    channel actor (the descriptor's two hops: call, queue, reply), and the floor, one ``memcpy``
+    of the item into memory already faulted in."""
+    from rlweave.channel import _shm
+    from rlweave.channel.ray_channel import _shm_or_none
+
+    arr = np.random.default_rng(0).integers(0, 255, size=nbytes, dtype=np.uint8)
+    dst = np.empty_like(arr)
+    parts: dict[str, list[float]] = {"encode_ms": [], "decode_ms": [], "hops_ms": [], "memcpy_ms": []}
+    for i in range(n):
+        t0 = time.perf_counter()
+        desc = _shm_or_none(arr, 1)
+        t1 = time.perf_counter()
+        _check(_shm.read(desc, "profile"), nbytes)
+        t2 = time.perf_counter()
+        ch.put(i)
+        ch.get(timeout=60)
+        t3 = time.perf_counter()
+        np.copyto(dst, arr)
+        t4 = time.perf_counter()
+        for key, a, b in (("encode_ms", t0, t1), ("decode_ms", t1, t2), ("hops_ms", t2, t3), ("memcpy_ms", t3, t4)):
+            parts[key].append((b - a) * 1e3)
+    return {k: C.median(v) for k, v in parts.items()}
+
+
 def compile_graph(producer_cls, sizes: list[int]):
     """A compiled graph over a producer of its own (an actor in a compiled graph serves only
     it), or the reason it does not run here."""
@@ -186,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                     results[label][s].append(items[label][s] / seconds)
                     owns[s] = own
         stats = ch.stats()
+        profile = profile_item(ch, SIZES[-1][1])
     finally:
         for c in (ch, cho, chp):
             c.close()
@@ -201,7 +230,10 @@ def main(argv: list[str] | None = None) -> int:
                 "settings": {"items_per_run": items, "depth": DEPTH, "repeats": args.repeats, "ref_threshold": DEFAULT_REF_THRESHOLD,
                              "pipelined": {"maxsize": half, "put_window": half}, "transport": ch.transport},
                 "writable_array": {SIDES[s][0]: owns.get(s) for s in sides},
-                "channel_puts": {k: stats.get(k) for k in ("puts_shm", "puts_by_ref", "puts_inline")}})
+                "channel_puts": {k: stats.get(k) for k in ("puts_shm", "puts_by_ref", "puts_inline")},
+                "profile_10mb": {**profile, "what": "ms per 10 MB item, medians: encode = pickle + copy into the arena; decode = "
+                                 "copy out + unpickle; hops = one put and one get of a tiny item through the channel actor; "
+                                 "memcpy = one copy into memory already faulted in (the floor)"}})
     print("\nmedians, items/s (MB/s); ratios over rounds against the fastest raw pattern")
     for label, nbytes in SIZES:
         r = results[label]
@@ -222,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"vs {n} {v:.2f}" for n, v in head["against"].items())
               + f"; O {out[f'ratio_object_store_{label}']:.2f}, P {out[f'ratio_pipelined_{label}']:.2f}")
     out.update({"ratio": out["ratio_10mb"], "runs": results, "elapsed_s": elapsed})
+    prof = out["profile_10mb"]
+    per_item = 1e3 / C.median(results["10mb"]["A"])
+    print(f"  10 MB item: {per_item:.2f} ms through the channel; parts: encode {prof['encode_ms']:.2f}, decode {prof['decode_ms']:.2f}, "
+          f"hops {prof['hops_ms']:.2f} ms (one memcpy {prof['memcpy_ms']:.2f} ms); the compiled graph "
+          + (f"{1e3 / C.median(results['10mb']['G']):.2f} ms" if "G" in results["10mb"] else "did not run"))
     print(f"\nratio (channel / fastest raw Ray, 10 MB), median of {args.repeats} rounds: {out['ratio_10mb']:.2f} "
           f"[{elapsed:.0f} s; {out['command']}]")
     C.write_json(args.json, out)

@@ -27,6 +27,10 @@ the end of the first step to the end of the last (the first step's start-up is e
 sides): completions/s and generated tokens/s. Headline ``ratio``: the faster rlweave layout
 against the faster TRL layout (each side at its best); ``ratio_<layout>`` matches layouts.
 Median of ``--repeats`` rounds (A B C D, D C B A, ...) after a discarded warm-up of each side.
+``phases_s`` in the JSON says where a step goes on each side (median seconds per step):
+generation, scoring (rewards, old log-probs), the update's forward and backward, and the rest
+(optimizer, weight sync); rlweave's from its ``time/*`` stages, TRL's from its own method
+boundaries.
 
 ``--model large`` is the larger point: ~32M parameters (hidden 512, 8 layers) and 64-token
 responses, where per-operation overhead matters less.
@@ -102,8 +106,10 @@ def run_rlweave(folder: str, layout: str, steps: int, prompts: int, group: int, 
     seconds = rows[-1]["wall_time"] - rows[0]["wall_time"]
     later = rows[1:]
     resolved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
+    stages = ("generate", "score", "advantages", "update", "sync", "iteration")
     return {"timed_s": seconds, "completions": len(later) * prompts * group,
             "tokens": sum(r["train/response_length"] * prompts * group for r in later),
+            "phases_s": {k: C.median([r[f"time/{k}"] for r in later]) for k in stages if all(f"time/{k}" in r for r in later)},
             "effective": {k: resolved.get(k) for k in ("actor", "rollout", "algorithm", "placement", "model")}}
 
 
@@ -148,16 +154,42 @@ def run_trl(folder: str, layout: str, steps: int, prompts: int, group: int, toke
     trainer = GRPOTrainer(model=transformers.AutoModelForCausalLM.from_pretrained(folder), reward_funcs=correct, args=cfg,
                           train_dataset=data, processing_class=transformers.AutoTokenizer.from_pretrained(folder),
                           callbacks=[Clock()])
+    spent = time_methods(trainer, ("_generate", "_generate_and_score_completions", "training_step"))
     trainer.train()
     if not trainer.accelerator.is_main_process:
         return None
     later = lengths[1:] if len(lengths) == len(stamps) else [float(tokens)] * (len(stamps) - 1)
     plain = (str, int, float, bool, type(None), list, dict)
+    steps_s = [b - a for a, b in zip(stamps, stamps[1:])]
+    phase = {k: C.median(v[1:]) for k, v in spent.items() if len(v) > 1}
+    phases = {"generate": phase.get("_generate"), "score": phase.get("_generate_and_score_completions", 0) - phase.get("_generate", 0),
+              "update": phase.get("training_step", 0) - phase.get("_generate_and_score_completions", 0),
+              "optimizer_and_rest": C.median(steps_s) - phase.get("training_step", 0), "iteration": C.median(steps_s)}
     return {"timed_s": stamps[-1] - stamps[0], "completions": (len(stamps) - 1) * prompts * group,
-            "tokens": sum(x * prompts * group for x in later),
+            "tokens": sum(x * prompts * group for x in later), "phases_s": phases,
             "effective": {"processes": trainer.accelerator.num_processes, "distributed": str(trainer.accelerator.distributed_type),
                           "torch_threads": torch.get_num_threads(),
                           "grpo_config": {k: v for k, v in cfg.to_dict().items() if isinstance(v, plain)}}}
+
+
+def time_methods(obj, names: tuple[str, ...]) -> dict[str, list[float]]:
+    """Wrap ``obj``'s methods ``names`` (on the instance) so each call's wall time is appended to
+    the returned lists: where a TRL step goes, read from TRL's own method boundaries
+    (``_generate`` inside ``_generate_and_score_completions`` inside ``training_step``)."""
+    spent: dict[str, list[float]] = {n: [] for n in names}
+
+    def wrap(name: str, fn):
+        def timed_call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name].append(time.perf_counter() - t0)
+        return timed_call
+
+    for n in names:
+        setattr(obj, n, wrap(n, getattr(obj, n)))
+    return spent
 
 
 def _free_port() -> int:
@@ -239,8 +271,11 @@ def main(argv: list[str] | None = None) -> int:
                 "completions_per_s": {n: C.median(v) for n, v in rate["completions"].items()},
                 "tokens_per_s": {n: C.median(v) for n, v in rate["tokens"].items()}})
     print()
+    out["phases_s"] = {n: {k: C.median([r["phases_s"][k] for r in res[n] if r.get("phases_s", {}).get(k) is not None])
+                           for k in res[n][0].get("phases_s", {})} for n in res}
     for n in res:
-        print(f"  {n:<12} {out['completions_per_s'][n]:7.1f} completions/s  {out['tokens_per_s'][n]:7.0f} tokens/s")
+        phases = "  ".join(f"{k} {v:.3f}" for k, v in out["phases_s"][n].items())
+        print(f"  {n:<12} {out['completions_per_s'][n]:7.1f} completions/s  {out['tokens_per_s'][n]:7.0f} tokens/s   s/step: {phases}")
     for layout in layouts:
         s = C.ratio_stats(rate["completions"][f"rlweave-{layout}"], rate["completions"][f"trl-{layout}"])
         out[f"ratio_{layout}"], out[f"ratio_{layout}_stats"] = s["median"], s
