@@ -10,7 +10,7 @@ import torch
 from rlweave.generation.result import Generation
 from rlweave.models import flat_params_checksum
 from rlweave.models.causal_lm import cache_argument, prefill_prompts
-from rlweave.models.fused_decoder import FusedDecoder, prompt_bias, rope_tables
+from rlweave.models.fused_decoder import DecodeCache, FusedDecoder, prompt_bias, rope_tables
 from rlweave.sync.weights import WeightPacket, resolve_buckets, unpack_into
 
 __all__ = ["HFGenerator"]
@@ -152,23 +152,22 @@ class HFGenerator:
         return out.logits[:, -1][rows], step
 
     def _fused_decoder(self, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, T: int):
-        """The same through :class:`~rlweave.models.fused_decoder.FusedDecoder`, decoding into a
-        preallocated key/value buffer; the fused projections are built once per generation."""
-        dec, P = self.fused, ids.shape[1]
+        """The same through :class:`~rlweave.models.fused_decoder.FusedDecoder`: the prompts' keys
+        and values stay once per prompt, and each step's n samples of a prompt attend to them
+        together (:class:`~rlweave.models.fused_decoder.DecodeCache`); the fused projections are
+        built once per generation."""
+        dec, (U, P) = self.fused, ids.shape
         weights = dec.weights(decoding=True)
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
         hidden, kvs = dec.forward(ids, pos, prompt_bias(mask), weights=weights)
-        buffer = dec.new_buffer(len(rows), P + T)
-        buffer.fill(kvs, rows)
-        keys = torch.cat([mask[rows], mask.new_ones(len(rows), T)], 1).bool()
-        bias = torch.zeros(keys.shape).masked_fill_(~keys, float("-inf"))[:, None]  # [B, 1, P + T]
+        cache = DecodeCache.from_prefill(kvs, mask, len(rows) // U, T)
         next_pos = pos[rows, -1:] + 1 + torch.arange(T)  # every decode step's position, and its rotary tables
         cos, sin = rope_tables(dec.model.model.rotary_emb.inv_freq, next_pos, hidden.dtype)
 
         def step(token: torch.Tensor, t: int) -> torch.Tensor:
-            h, _ = dec.forward(token, next_pos[:, t:t + 1], bias[:, :, :P + t + 1], buffer=buffer, weights=weights,
+            h, _ = dec.forward(token, next_pos[:, t:t + 1], None, cache=cache, weights=weights,
                                rope=(cos[:, t:t + 1], sin[:, t:t + 1]))
-            buffer.length += 1
+            cache.length += 1
             return dec.logits(h[:, -1])
 
         return dec.logits(hidden[:, -1])[rows], step

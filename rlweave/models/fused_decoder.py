@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["FusedDecoder", "QKNormRope", "queries_and_keys", "SiluGate", "silu_gate", "KVBuffer", "unsupported_reason", "prompt_bias", "extension_bias"]
+__all__ = ["FusedDecoder", "QKNormRope", "queries_and_keys", "SiluGate", "silu_gate", "DecodeCache", "unsupported_reason", "prompt_bias", "extension_bias"]
 
 _ARCHITECTURES = {"qwen2", "qwen3", "llama"}
 
@@ -216,28 +216,56 @@ def extension_bias(key_mask: Tensor, T: int, dtype: torch.dtype = torch.float32)
 
 
 @dataclass
-class KVBuffer:
-    """Preallocated keys and values [B, kv_heads, capacity, D] per layer for decoding: a step
-    writes its column in place and attends to the filled prefix."""
+class DecodeCache:
+    """Keys and values for decoding ``n`` samples per prompt, one new token per step.
 
-    keys: list[Tensor]
+    Why this layout: in RL every prompt is sampled ``n`` times, and a decode step of a small model
+    is bound by reading keys and values, not by arithmetic. The prompts' keys/values stay as the
+    prefill made them, once per prompt [U, kv_heads, P, D], and the samples of one prompt attend to
+    them together (one matmul of n x group queries per prompt and head, instead of n copies of the
+    prompt read one row at a time); only the generated tokens' keys/values are per row, in a
+    preallocated [B, kv_heads, capacity, D] buffer a step writes its column into. Rows are grouped
+    by prompt (row b samples prompt b // n), as :meth:`HFGenerator.generate_ids` lays them out.
+    The softmax runs over the prompt's and the row's keys together, so the result is the same
+    attention as over one concatenated cache, up to float summation order."""
+
+    prefix: list[tuple[Tensor, Tensor]]  # per layer: the prompts' keys, values [U, kv_heads, P, D]
+    prefix_bias: Tensor  # [U, 1, 1, 1, P] additive: 0 for prompt tokens, -inf for left padding
+    keys: list[Tensor]  # per layer: generated tokens' keys [B, kv_heads, capacity, D]
     values: list[Tensor]
-    length: int = 0
+    n: int  # rows per prompt
+    length: int = 0  # generated positions filled
 
     @classmethod
-    def empty(cls, layers: int, rows: int, kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype,
-              device=None) -> "KVBuffer":
-        shape = (rows, kv_heads, capacity, head_dim)
-        return cls([torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)],
-                   [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)])
+    def from_prefill(cls, kvs: list[tuple[Tensor, Tensor]], mask: Tensor, n: int, capacity: int) -> "DecodeCache":
+        """The cache after a prefill of left-padded prompts (``mask`` [U, P]), for ``n`` rows each."""
+        U, KV, _, D = kvs[0][0].shape
+        k0 = kvs[0][0]
+        bias = torch.zeros(mask.shape, dtype=k0.dtype, device=k0.device).masked_fill_(~mask.bool(), float("-inf"))
+        shape = (U * n, KV, capacity, D)
+        return cls([(k.contiguous(), v.contiguous()) for k, v in kvs], bias[:, None, None, None],
+                   [torch.empty(shape, dtype=k0.dtype, device=k0.device) for _ in kvs],
+                   [torch.empty(shape, dtype=k0.dtype, device=k0.device) for _ in kvs], int(n))
 
-    def fill(self, kvs: list[tuple[Tensor, Tensor]], rows: Tensor) -> None:
-        """Writes each layer's ``(keys, values)`` [U, kv_heads, P, D], row ``rows[i]`` into row i."""
-        P = kvs[0][0].shape[2]
-        for (k, v), K, V in zip(kvs, self.keys, self.values):
-            K[:, :, :P] = k[rows]
-            V[:, :, :P] = v[rows]
-        self.length = P
+    def attend(self, i: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+        """Layer ``i``'s attention for one new token per row: ``q`` [B, kv_heads, G, D], this
+        token's ``k``, ``v`` [B, kv_heads, 1, D] (written at ``length``; the caller advances it).
+        Returns the attention output [B, kv_heads, G, D]."""
+        B, KV, G, D = q.shape
+        n, end = self.n, self.length + 1
+        U = B // n
+        self.keys[i][:, :, self.length:end] = k
+        self.values[i][:, :, self.length:end] = v
+        pk, pv = self.prefix[i]
+        P = pk.shape[2]
+        by_prompt = q.view(U, n, KV, G, D).transpose(1, 2).reshape(U, KV, n * G, D)  # the n samples' queries together
+        s_prompt = torch.matmul(by_prompt, pk.transpose(-1, -2)).view(U, KV, n, G, P)
+        s_prompt = torch.add(self.prefix_bias, s_prompt, alpha=scale).transpose(1, 2).reshape(B, KV, G, P)
+        s_own = torch.matmul(q, self.keys[i][:, :, :end].transpose(-1, -2)) * scale  # [B, KV, G, end]
+        probs = torch.softmax(torch.cat([s_prompt, s_own], -1), -1, dtype=torch.float32).to(q.dtype)
+        p_prompt = probs[..., :P].reshape(U, n, KV, G, P).transpose(1, 2).reshape(U, KV, n * G, P)
+        o = torch.matmul(p_prompt, pv).view(U, KV, n, G, D).transpose(1, 2).reshape(B, KV, G, D)
+        return o.add_(torch.matmul(probs[..., P:], self.values[i][:, :, :end]))
 
 
 # --------------------------------------------------------------------------- the decoder
@@ -246,7 +274,7 @@ class FusedDecoder:
 
     ``forward`` returns the final-normed hidden states (what the LM head and a value head read)
     and each layer's keys/values, so callers can score responses against a prompt encoded once
-    (training) or decode into a :class:`KVBuffer` (generation)."""
+    (training) or decode through a :class:`DecodeCache` (generation)."""
 
     def __init__(self, model: nn.Module):
         reason = unsupported_reason(model)
@@ -297,16 +325,16 @@ class FusedDecoder:
                 out[-1].update(v=a.v_proj.weight, v_bias=a.v_proj.bias)
         return out
 
-    def forward(self, ids: Tensor, positions: Tensor, bias: Tensor, past: list[tuple[Tensor, Tensor]] | None = None,
-                buffer: KVBuffer | None = None, weights: list[dict] | None = None,
+    def forward(self, ids: Tensor, positions: Tensor, bias: Tensor | None, past: list[tuple[Tensor, Tensor]] | None = None,
+                cache: DecodeCache | None = None, weights: list[dict] | None = None,
                 rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
         """Hidden states [B, T, hidden] after the final norm, and this pass's keys/values per layer
         [B, kv_heads, T, D].
 
-        ``bias`` [B, T, L]: additive attention bias over the L keys (``past``'s or the buffer's
-        filled prefix, then these T tokens). ``past``: keys/values to prepend per layer
-        (training: differentiable). ``buffer``: decoding; these tokens' keys/values are written
-        at ``buffer.length`` (the caller advances it). ``rope``: :func:`rope_tables` of
+        ``bias`` [B, T, L]: additive attention bias over the L keys (``past``'s, then these T
+        tokens; None with ``cache``). ``past``: keys/values to prepend per layer (training:
+        differentiable). ``cache``: decoding one token per row (:class:`DecodeCache`); its keys and
+        values are written at ``cache.length`` (the caller advances it). ``rope``: :func:`rope_tables` of
         ``positions``, when the caller has them (a generation computes all its steps' at once)."""
         H, KV, D = self.heads, self.kv_heads, self.head_dim
         G = H // KV
@@ -315,7 +343,10 @@ class FusedDecoder:
         emb = base.embed_tokens
         x = F.embedding(ids, emb.weight, emb.padding_idx)
         cos, sin = rope or rope_tables(base.rotary_emb.inv_freq, positions, x.dtype)
-        bias = bias.to(x.dtype)[:, None, None]  # [B, 1, 1, T, L]: broadcast over kv heads and groups
+        if cache is None:
+            bias = bias.to(x.dtype)[:, None, None]  # [B, 1, 1, T, L]: broadcast over kv heads and groups
+        elif T != 1:
+            raise ValueError(f"FusedDecoder.forward: a DecodeCache takes one token per row, got {T}")
         scale = D ** -0.5
         kvs = []
         for i, w in enumerate(weights or self.weights()):
@@ -329,16 +360,14 @@ class FusedDecoder:
             q, k = queries_and_keys(qk, w["qk_norm"], cos, sin, self.eps, KV)  # [B, KV, G*T, D], [B, KV, T, D]
             v = v.view(B, T, KV, D).transpose(1, 2)
             kvs.append((k, v))
-            if buffer is not None:
-                end = buffer.length + T
-                buffer.keys[i][:, :, buffer.length:end] = k
-                buffer.values[i][:, :, buffer.length:end] = v
-                k, v = buffer.keys[i][:, :, :end], buffer.values[i][:, :, :end]
-            elif past is not None:
-                k, v = torch.cat([past[i][0], k], 2), torch.cat([past[i][1], v], 2)
-            scores = torch.add(bias, torch.matmul(q, k.transpose(-1, -2)).view(B, KV, G, T, -1), alpha=scale)
-            probs = torch.softmax(scores, -1, dtype=torch.float32).to(x.dtype)
-            o = torch.matmul(probs.view(B, KV, G * T, -1), v).view(B, KV, G, T, D).permute(0, 3, 1, 2, 4)
+            if cache is not None:  # decoding: one token, the cache's prompt-shared attention
+                o = cache.attend(i, q, k, v, scale).view(B, KV, G, T, D).permute(0, 3, 1, 2, 4)
+            else:
+                if past is not None:
+                    k, v = torch.cat([past[i][0], k], 2), torch.cat([past[i][1], v], 2)
+                scores = torch.add(bias, torch.matmul(q, k.transpose(-1, -2)).view(B, KV, G, T, -1), alpha=scale)
+                probs = torch.softmax(scores, -1, dtype=torch.float32).to(x.dtype)
+                o = torch.matmul(probs.view(B, KV, G * T, -1), v).view(B, KV, G, T, D).permute(0, 3, 1, 2, 4)
             x = x + F.linear(o.reshape(B, T, H * D), w["o"], w["o_bias"])
             h = F.rms_norm(x, (x.shape[-1],), w["n2"], self.eps)
             x = x + F.linear(silu_gate(F.linear(h, w["gate_up"])), w["down"])
@@ -346,7 +375,3 @@ class FusedDecoder:
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.model.lm_head(hidden)
-
-    def new_buffer(self, rows: int, capacity: int) -> KVBuffer:
-        p = self.model.lm_head.weight
-        return KVBuffer.empty(len(self.layers), rows, self.kv_heads, capacity, self.head_dim, p.dtype, p.device)
