@@ -9,6 +9,9 @@ Moves numpy uint8 arrays (1 KB, 1 MB, 10 MB) from a producer Ray actor to the dr
   O  object st.  as A with ``transport="object_store"``: items >= 64 KiB go by reference.
   P  pipelined   as A, with ``put_window=DEPTH/2`` and ``maxsize=DEPTH/2`` (at most DEPTH items in
                  flight): a put returns once sent, the producer overlaps the next item.
+  W  windowed    as P, and the driver reads through ``with_get_window(DEPTH/2)``: one call to the
+                 channel takes up to DEPTH/2 ready items (the channel's own options for one
+                 producer and one consumer, as the compiled graph is for one pair).
   B  put + ref   raw Ray: ``producer.put_ref()`` ``ray.put``s the item and returns the ObjectRef (in
                  a list); the driver ``ray.get``s both. DEPTH calls in flight.
   C  return      raw Ray: ``producer.get_array()`` returns the array (Ray stores the return
@@ -50,6 +53,7 @@ SIDES = {  # key -> (JSON name, description)
     "A": ("channel", "rlweave Channel, default transport, acknowledged puts"),
     "O": ("channel_object_store", "rlweave Channel, transport=object_store"),
     "P": ("channel_pipelined", f"rlweave Channel, put_window={DEPTH // 2}, maxsize={DEPTH // 2}"),
+    "W": ("channel_windowed", f"rlweave Channel, put_window={DEPTH // 2}, maxsize={DEPTH // 2}, consumer get_window={DEPTH // 2}"),
     "B": ("put_ref", f"raw Ray: actor ray.put + ref in a list, 2 ray.get; {DEPTH} calls in flight"),
     "C": ("return", f"raw Ray: actor returns the array, ray.get; {DEPTH} calls in flight"),
     "G": ("compiled_graph", f"Ray compiled graph (experimental_compile), {DEPTH} executions in flight"),
@@ -90,11 +94,13 @@ def _check(x: np.ndarray, nbytes: int) -> bool:
     return bool(x.flags.writeable)
 
 
-def run_channel(producer, ch, nbytes: int, n: int) -> tuple[float, bool]:
-    """Seconds for ``n`` items, and whether the driver's arrays were writable (its own)."""
+def run_channel(producer, ch, nbytes: int, n: int, reader=None) -> tuple[float, bool]:
+    """Seconds for ``n`` items, and whether the driver's arrays were writable (its own).
+    ``reader``: the driver's handle, when not ``ch`` (a get window)."""
+    reader = reader or ch
     t0 = time.perf_counter()
     done = producer.to_channel.remote(ch, nbytes, n)
-    owns = all([_check(ch.get(timeout=120), nbytes) for _ in range(n)])
+    owns = all([_check(reader.get(timeout=120), nbytes) for _ in range(n)])
     ray.get(done)
     return time.perf_counter() - t0, owns
 
@@ -175,13 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     ch = Channel.create(f"bench-channel-{tag}", maxsize=DEPTH)
     cho = Channel.create(f"bench-channel-object-store-{tag}", maxsize=DEPTH, transport="object_store")
     chp = Channel.create(f"bench-channel-pipelined-{tag}", maxsize=half, put_window=half)
-    ch.qsize(), cho.qsize(), chp.qsize()  # all actors up before timing
+    chw = Channel.create(f"bench-channel-windowed-{tag}", maxsize=half, put_window=half)
+    ch.qsize(), cho.qsize(), chp.qsize(), chw.qsize()  # all actors up before timing
     graph, graph_producer, graph_error = (None, None, "left out (--no-compiled-graph)") if args.no_compiled_graph else \
         compile_graph(cls, [nbytes for _, nbytes in SIZES])
     runs = {
         "A": lambda nbytes, n: run_channel(producer, ch, nbytes, n),
         "O": lambda nbytes, n: run_channel(producer, cho, nbytes, n),
         "P": lambda nbytes, n: run_channel(producer, chp, nbytes, n),
+        "W": lambda nbytes, n: run_channel(producer, chw, nbytes, n, reader=chw.with_get_window(half)),
         "B": lambda nbytes, n: _windowed(lambda: producer.put_ref.remote(nbytes), lambda r: ray.get(ray.get(r)[0]), nbytes, n),
         "C": lambda nbytes, n: _windowed(lambda: producer.get_array.remote(nbytes), ray.get, nbytes, n),
     }
@@ -216,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         stats = ch.stats()
         profile = profile_item(ch, SIZES[-1][1])
     finally:
-        for c in (ch, cho, chp):
+        for c in (ch, cho, chp, chw):
             c.close()
         if graph is not None:
             graph.teardown()
@@ -228,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     out.update({"baseline": "the fastest raw-Ray pattern at each size (put_ref, return or compiled_graph)",
                 "compiled_graph": {"ran": graph is not None, "reason": graph_error},
                 "settings": {"items_per_run": items, "depth": DEPTH, "repeats": args.repeats, "ref_threshold": DEFAULT_REF_THRESHOLD,
-                             "pipelined": {"maxsize": half, "put_window": half}, "transport": ch.transport},
+                             "pipelined": {"maxsize": half, "put_window": half},
+                             "windowed": {"maxsize": half, "put_window": half, "get_window": half}, "transport": ch.transport},
                 "writable_array": {SIDES[s][0]: owns.get(s) for s in sides},
                 "channel_puts": {k: stats.get(k) for k in ("puts_shm", "puts_by_ref", "puts_inline")},
                 "profile_10mb": {**profile, "what": "ms per 10 MB item, medians: encode = pickle + copy into the arena; decode = "
@@ -243,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         out[f"baseline_{label}"] = head["baseline"]
         for name, v in head["against"].items():
             out[f"ratio_vs_{name}_{label}"] = v
-        for s, key in (("O", "ratio_object_store"), ("P", "ratio_pipelined")):
+        for s, key in (("O", "ratio_object_store"), ("P", "ratio_pipelined"), ("W", "ratio_windowed")):
             out[f"{key}_{label}"] = C.ratio_stats(r[s], raw[head["baseline"]])["median"]
         for s in sides:
             out[f"{SIDES[s][0]}_items_per_s_{label}"] = C.median(r[s])
@@ -252,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {label:>5}  {cells}")
         print(f"         A / {head['baseline']} {C.fmt_ratio(head)}; "
               + ", ".join(f"vs {n} {v:.2f}" for n, v in head["against"].items())
-              + f"; O {out[f'ratio_object_store_{label}']:.2f}, P {out[f'ratio_pipelined_{label}']:.2f}")
+              + f"; O {out[f'ratio_object_store_{label}']:.2f}, P {out[f'ratio_pipelined_{label}']:.2f}, "
+              f"W {out[f'ratio_windowed_{label}']:.2f}")
     out.update({"ratio": out["ratio_10mb"], "runs": results, "elapsed_s": elapsed})
     prof = out["profile_10mb"]
     per_item = 1e3 / C.median(results["10mb"]["A"])

@@ -242,6 +242,31 @@ def test_pipelined_puts_keep_order_and_backpressure(make):
     assert [ch2.get() for _ in range(60)] == list(range(60))
 
 
+def test_get_window_takes_ready_items_in_one_call_and_keeps_order(make):
+    ch = make("ray", maxsize=4)
+    reader = ch.with_get_window(3)
+    assert reader.get_window == 3 and ch.get_window == 0 and pickle.loads(pickle.dumps(reader)).get_window == 3
+    big = np.arange(40_000, dtype=np.int64)  # shared-memory sized: copied out only when handed out
+    for i in range(4):
+        ch.put(big + i if i == 1 else i, key="a")
+    assert reader.get(key="a") == 0  # one call took three items: they have left the channel
+    assert ch.qsize() == 1
+    ch.put(4, key="a")  # their places are free again: no wait for a consumer
+    with pytest.raises(ValueError, match="holds items of key 'a'"):
+        reader.get(key="b")
+    with pytest.raises(ValueError, match="get window holds 2 item"):
+        reader.get_batch(1.0, key="a")
+    got = reader.get(key="a")
+    assert isinstance(got, np.ndarray) and got.flags.writeable and np.array_equal(got, big + 1)
+    assert [reader.get(key="a") for _ in range(3)] == [2, 3, 4]
+    with pytest.raises(ChannelEmpty):
+        reader.get(key="a", timeout=0.05)
+    with pytest.raises(ValueError, match="get_window must be >= 0"):
+        ch.with_get_window(-1)
+    local = make("local")
+    assert local.with_get_window(4) is local
+
+
 def test_concurrent_producers_consumers_local(make):
     ch = make("local", maxsize=16)
     results: list[list] = [[], []]

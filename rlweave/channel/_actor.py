@@ -105,6 +105,22 @@ class ChannelActor:
                 if timeout == 0 or not self._wait(deadline):
                     return EMPTY, None
 
+    def get_up_to(self, key: Hashable, limit: int, timeout: float | None) -> tuple[str, list[Entry] | None]:
+        """Like :meth:`get` for the first entry, then up to ``limit`` in all of those already
+        there (oldest first): a consumer's get window (``Channel.with_get_window``)."""
+        with self._cond:
+            deadline = None if not timeout else self._deadline(timeout)
+            while True:
+                entry = self._store.pop(key)
+                if entry is not None:
+                    taken = [entry]
+                    while len(taken) < limit and (entry := self._store.pop(key)) is not None:
+                        taken.append(entry)
+                    self._cond.notify_all()
+                    return OK, taken
+                if timeout == 0 or not self._wait(deadline):
+                    return EMPTY, None
+
     def get_batch(self, key: Hashable, target: float, timeout: float | None) -> tuple[str, Any]:
         """Entries (FIFO) whose weights sum to >= ``target``.
 

@@ -134,8 +134,8 @@ def _actor_class():
     return _remote_actor_cls
 
 
-def _rebuild_ray_channel(name, actor, maxsize, ref_threshold, put_window=0, transport="object_store"):
-    return RayChannel(name, actor, maxsize, ref_threshold, put_window, transport)
+def _rebuild_ray_channel(name, actor, maxsize, ref_threshold, put_window=0, transport="object_store", get_window=0):
+    return RayChannel(name, actor, maxsize, ref_threshold, put_window, transport, get_window)
 
 
 def _resolve_transport(name: str, transport: str) -> str:
@@ -160,9 +160,14 @@ class RayChannel(Channel):
     local = False
 
     def __init__(
-        self, name: str, actor, maxsize: int, ref_threshold: int, put_window: int = 0, transport: str = "object_store"
+        self, name: str, actor, maxsize: int, ref_threshold: int, put_window: int = 0, transport: str = "object_store",
+        get_window: int = 0,
     ):
         self.name = name
+        self.get_window = get_window
+        # get window (get_window > 0): entries taken ahead, not decoded yet, and the key they were taken for
+        self._ahead: deque = deque()
+        self._ahead_key: Hashable = None
         self.maxsize = maxsize
         self.ref_threshold = ref_threshold
         self.put_window = put_window
@@ -175,15 +180,21 @@ class RayChannel(Channel):
         self._producer: str | None = None
         self._pseq = 0
 
-    def __reduce__(self):  # a copy is a new producer: it gets its own id and sequence
+    def __reduce__(self):  # a copy is a new producer (its own id and sequence) and a new consumer (nothing taken ahead)
         return _rebuild_ray_channel, (
-            self.name, self._actor, self.maxsize, self.ref_threshold, self.put_window, self.transport
+            self.name, self._actor, self.maxsize, self.ref_threshold, self.put_window, self.transport, self.get_window
         )
 
     def with_put_window(self, put_window: int) -> "RayChannel":
         if put_window < 0:
             raise ValueError(f"channel {self.name!r}: put_window must be >= 0, got {put_window}")
-        return RayChannel(self.name, self._actor, self.maxsize, self.ref_threshold, int(put_window), self.transport)
+        return RayChannel(self.name, self._actor, self.maxsize, self.ref_threshold, int(put_window), self.transport,
+                          self.get_window)
+
+    def with_get_window(self, get_window: int) -> "RayChannel":
+        super().with_get_window(get_window)  # validates
+        return RayChannel(self.name, self._actor, self.maxsize, self.ref_threshold, self.put_window, self.transport,
+                          int(get_window))
 
     @classmethod
     def _create(
@@ -338,16 +349,35 @@ class RayChannel(Channel):
         self._check_open()
         self.flush()
         timeout = check_timeout(block, timeout)
+        if self.get_window:
+            return self._get_windowed(key, timeout)
         status, entry = self._call(self._actor.get.remote(key, timeout))
         if status != OK:
             raise self._empty_error(key, timeout)
         return self._decode([entry])[0]
+
+    def _get_windowed(self, key: Hashable, timeout: float | None) -> Envelope:
+        """A get through the get window: one item taken ahead earlier, else one call for up to
+        ``get_window`` ready items. Each is decoded when handed out, so a shared-memory block is
+        copied out (and released) in order, one item at a time."""
+        if self._ahead and key != self._ahead_key:
+            raise ValueError(f"channel {self.name!r}: this handle's get window holds items of key {self._ahead_key!r}; "
+                             f"it cannot get key {key!r} before they are consumed")
+        if not self._ahead:
+            status, entries = self._call(self._actor.get_up_to.remote(key, self.get_window, timeout))
+            if status != OK:
+                raise self._empty_error(key, timeout)
+            self._ahead.extend(entries)
+            self._ahead_key = key
+        return self._decode([self._ahead.popleft()])[0]
 
     def get_batch_envelopes(
         self, target_weight: float, key: Hashable = None, *, timeout: float | None = None
     ) -> list[Envelope]:
         self._check_open()
         self.flush()
+        if self._ahead:
+            raise ValueError(f"channel {self.name!r}: get_batch on a handle whose get window holds {len(self._ahead)} item(s)")
         target = check_target(self.name, target_weight)
         timeout = check_timeout(True, timeout)
         status, result = self._call(self._actor.get_batch.remote(key, target, timeout))
@@ -371,6 +401,7 @@ class RayChannel(Channel):
         if self._closed:
             return
         self._closed = True
+        self._ahead.clear()
         with self._lock:
             self._pending.clear()
         import ray
