@@ -95,15 +95,8 @@ class ChannelActor:
                 self._cond.notify_all()
 
     def get(self, key: Hashable, timeout: float | None) -> tuple[str, Entry | None]:
-        with self._cond:
-            deadline = None if not timeout else self._deadline(timeout)
-            while True:
-                entry = self._store.pop(key)
-                if entry is not None:
-                    self._cond.notify_all()
-                    return OK, entry
-                if timeout == 0 or not self._wait(deadline):
-                    return EMPTY, None
+        status, taken = self.get_up_to(key, 1, timeout)
+        return status, taken[0] if taken else None
 
     def get_up_to(self, key: Hashable, limit: int, timeout: float | None) -> tuple[str, list[Entry] | None]:
         """Like :meth:`get` for the first entry, then up to ``limit`` in all of those already
