@@ -268,6 +268,48 @@ def test_observation_tokens_carry_no_loss_ratio_kl_or_entropy(tmp_path, tok):
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
 
 
+def _steady_adam(*actors):
+    """Adam divides by the gradient's own size: where a gradient is ~0, summation-order rounding
+    can flip an element's whole step. A large eps keeps the comparison to what was accumulated."""
+    for w in actors:
+        w._ready()
+        for g in w.optimizer.param_groups:
+            g["eps"] = 1e-3
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
+def test_micro_batches_give_the_update_of_the_whole_minibatch(tmp_path, tok, agg):
+    """``algorithm.micro_batch_size`` (gradient accumulation, uneven parts: 3 rows of 8) changes
+    the memory an update needs, not the update: the same loss terms and weights, for the RL update
+    over multi-turn rows and for a supervised step."""
+    algo = ["algorithm.kl_coef=0.1", "algorithm.ent_coef=0.01", "algorithm.epochs=2", f"algorithm.loss_agg={agg}"]
+    a, b = _actor(tmp_path, tok, algo), _actor(tmp_path, tok, [*algo, "algorithm.micro_batch_size=3"])
+    _steady_adam(a, b)
+    rows = _rows(tok, holes=True)
+    scored = a.score(rows)
+    batch = {**rows, "old_logprobs": scored["logprobs"], "ref_logprobs": scored["ref_logprobs"]}
+    out_a, out_b = a.update(batch), b.update(batch)
+    for k in ("loss_policy", "loss_kl", "loss_entropy", "entropy", "grad_norm"):
+        assert out_b[k] == pytest.approx(out_a[k], rel=1e-4, abs=1e-6), k
+    pa, pb = _params(a), _params(b)
+    for k in pa:
+        torch.testing.assert_close(pb[k], pa[k], rtol=1e-4, atol=1e-6)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(20, 250, (5, 12), generator=g).numpy()
+    target = np.zeros((5, 12), bool)
+    target[:, 6:] = True
+    target[1, 9:] = False  # rows of unequal target length
+    sft = {"input_ids": ids, "attention_mask": np.ones((5, 12), np.int64), "target_mask": target}
+    a = _actor(tmp_path, tok, ["algorithm.name=sft", f"algorithm.loss_agg={agg}"])
+    b = _actor(tmp_path, tok, ["algorithm.name=sft", f"algorithm.loss_agg={agg}", "algorithm.micro_batch_size=2"])
+    _steady_adam(a, b)
+    sa, sb = a.sft_update(sft), b.sft_update(sft)
+    assert sb["loss_sft"] == pytest.approx(sa["loss_sft"], rel=1e-5)
+    pa, pb = _params(a), _params(b)
+    for k in pa:
+        torch.testing.assert_close(pb[k], pa[k], rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("estimator", ["grpo", "gae", "reinforce_pp", "reinforce_pp_baseline"])
 def test_token_estimators_skip_observation_tokens(estimator):
     """A row with an observation in the middle gets, on its model tokens, exactly the advantages

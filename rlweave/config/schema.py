@@ -176,7 +176,8 @@ class AlgorithmConfig:
     epochs: int = positive(10)
     minibatch_size: int = positive(64)
     # rows per forward/backward within a minibatch (gradient accumulation: the same update with a
-    # fraction of the activation memory, for large policies such as VLAs); None = the whole minibatch
+    # fraction of the activation memory, for large policies such as VLAs, and for language-model
+    # updates and SFT steps over long rows); None = the whole minibatch
     micro_batch_size: Optional[int] = field(default=None, metadata={"min": 1})
     lr: float = field(default=3e-4, metadata={"min": 0})
     lr_anneal: bool = False

@@ -24,6 +24,7 @@ model once per pass, however many responses share it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -288,29 +289,40 @@ class LMActorWorker(Worker):
         if single_pass and (c.get("epochs", 1) != 1 or k != 1):
             raise RuntimeError("update without old_logprobs needs one epoch of one minibatch (score the rows first)")
         gaps: list[torch.Tensor] = []
+        token_mean = c.get("loss_agg", "token_mean") == "token_mean"
         for _ in range(c.get("epochs", 1)):
             order = self.rng.permutation(n)
             for s in range(0, k * mb, mb):
-                t_fwd = time.perf_counter()
                 idx = torch.as_tensor(order[s : s + mb], device=self.device)
-                out = self._train_forward(select_rows(rows, idx), entropy_grad)
-                m = mask[idx]
-                old = out["logprobs"].detach() if single_pass else tok["old_logprobs"][idx]
-                if single_pass and "rollout_logprobs" in tok:  # the train-inference gap, measured here
-                    gaps.append((tok["rollout_logprobs"][idx] - old).abs()[m])
-                terms = self.loss_fn(TokenLossInput(
-                    log_prob=out["logprobs"], old_log_prob=old, advantages=tok["advantages"][idx], mask=m,
-                    entropy=out["entropy"], max_len=width, cfg=c, values=out.get("values"),
-                    old_values=tok["old_values"][idx] if "old_values" in tok else None,
-                    returns=tok["returns"][idx] if "returns" in tok else None,
-                    ref_log_prob=tok["ref_logprobs"][idx] if use_kl else None,
-                    behaviour_log_prob=tok["rollout_logprobs"][idx] if importance_correction else None,
-                ))
-                terms.setdefault("entropy", (out["entropy"] * m).sum() / m.sum().clamp_min(1))
-                count = m.sum() if c.get("loss_agg", "token_mean") == "token_mean" else torch.tensor(float(len(idx)))
-                loss = total_loss(terms) * self._rank_weight(count)
-                self._timing["time/actor_forward"] += time.perf_counter() - t_fwd
-                self._step(loss, terms, sums)
+                # what the loss averages over (tokens or responses), for the whole minibatch
+                count = mask[idx].sum() if token_mean else torch.tensor(float(len(idx)))
+                weight = self._rank_weight(count)
+                self.optimizer.zero_grad(set_to_none=True)
+                logged: dict[str, float] = {}
+                parts = self._micro_batches(len(idx))
+                for j, part in enumerate(parts):
+                    t_fwd = time.perf_counter()
+                    pidx = idx[part]
+                    with self._grad_sync(last=j == len(parts) - 1):
+                        out = self._train_forward(select_rows(rows, pidx), entropy_grad)
+                        m = mask[pidx]
+                        old = out["logprobs"].detach() if single_pass else tok["old_logprobs"][pidx]
+                        if single_pass and "rollout_logprobs" in tok:  # the train-inference gap, measured here
+                            gaps.append((tok["rollout_logprobs"][pidx] - old).abs()[m])
+                        terms = self.loss_fn(TokenLossInput(
+                            log_prob=out["logprobs"], old_log_prob=old, advantages=tok["advantages"][pidx], mask=m,
+                            entropy=out["entropy"], max_len=width, cfg=c, values=out.get("values"),
+                            old_values=tok["old_values"][pidx] if "old_values" in tok else None,
+                            returns=tok["returns"][pidx] if "returns" in tok else None,
+                            ref_log_prob=tok["ref_logprobs"][pidx] if use_kl else None,
+                            behaviour_log_prob=tok["rollout_logprobs"][pidx] if importance_correction else None,
+                        ))
+                        terms.setdefault("entropy", (out["entropy"] * m).sum() / m.sum().clamp_min(1))
+                        # this micro-batch's share of the minibatch's loss: its part of ``count``
+                        share = float((m.sum() if token_mean else len(pidx)) / count.clamp_min(1))
+                        self._timing["time/actor_forward"] += time.perf_counter() - t_fwd
+                        self._backward(total_loss(terms) * (weight * share), terms, share, logged)
+                self._apply_step(logged, sums)
         self.version += 1
         metrics = {k: float(np.mean(v)) for k, v in sums.items()}
         if gaps:
@@ -333,34 +345,56 @@ class LMActorWorker(Worker):
         packed = np.asarray(batch["attention_mask"]).ndim == 4  # a block-diagonal causal mask: keep it boolean
         attn = _tensor(batch["attention_mask"], dtype=torch.bool if packed else torch.long, device=self.device)
         target = _tensor(batch["target_mask"], dtype=torch.bool, device=self.device)[:, 1:]
-        pos = batch.get("position_ids")
-        kw = dict(input_ids=ids, attention_mask=attn, with_entropy=False,
-                  position_ids=None if pos is None else _tensor(pos, device=self.device))
-        out = self.policy(**kw) if self.ddp is None else self.ddp(False, **kw)
+        pos = None if batch.get("position_ids") is None else _tensor(batch["position_ids"], device=self.device)
         agg = self.cfg.get("loss_agg", "token_mean")
-        terms = self.loss_fn(SFTLossInput(out["logprobs"], target, self.cfg))
-        sums: dict[str, list[float]] = {}
-        self._timing = dict.fromkeys(_TIMING_KEYS, 0.0)
         count = target.sum() if agg == "token_mean" else torch.tensor(float(len(ids)))
-        self._step(total_loss(terms) * self._rank_weight(count), terms, sums)
+        weight = self._rank_weight(count)
+        sums: dict[str, list[float]] = {}
+        logged: dict[str, float] = {}
+        self._timing = dict.fromkeys(_TIMING_KEYS, 0.0)
+        self.optimizer.zero_grad(set_to_none=True)
+        parts = self._micro_batches(len(ids))
+        for j, part in enumerate(parts):
+            with self._grad_sync(last=j == len(parts) - 1):
+                kw = dict(input_ids=ids[part], attention_mask=attn[part], with_entropy=False,
+                          position_ids=None if pos is None else pos[part])
+                out = self.policy(**kw) if self.ddp is None else self.ddp(False, **kw)
+                terms = self.loss_fn(SFTLossInput(out["logprobs"], target[part], self.cfg))
+                share = float((target[part].sum() if agg == "token_mean" else len(ids[part])) / count.clamp_min(1))
+                self._backward(total_loss(terms) * (weight * share), terms, share, logged)
+        self._apply_step(logged, sums)
         self.version += 1
         metrics = {k: v[0] for k, v in sums.items()}
         metrics["tokens"] = int(target.sum())
         return metrics
 
-    def _step(self, loss: torch.Tensor, terms: dict, sums: dict) -> None:
+    def _micro_batches(self, rows: int) -> list[slice]:
+        """Slices of a minibatch's ``rows`` of at most ``algorithm.micro_batch_size`` rows each
+        (gradient accumulation: the same update in a fraction of the activation memory)."""
+        return list(_chunks(rows, self.cfg.get("micro_batch_size") or rows))
+
+    def _grad_sync(self, last: bool):
+        """DDP's gradient all-reduce on the last micro-batch of a step only."""
+        return contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync()
+
+    def _backward(self, loss: torch.Tensor, terms: dict, share: float, logged: dict) -> None:
+        """Accumulates one micro-batch's gradient and its ``share`` of the logged loss terms."""
         t0 = time.perf_counter()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # with DDP, the gradient all-reduce overlaps the end of it
+        loss.backward()  # with DDP, the gradient all-reduce overlaps the end of the last one
+        self._timing["time/actor_backward"] += time.perf_counter() - t0
+        for k, v in terms.items():
+            logged[k] = logged.get(k, 0.0) + float(v.detach().float().mean()) * share
+
+    def _apply_step(self, logged: dict, sums: dict) -> None:
+        """Clips the accumulated gradient, steps the optimizer and records the step's terms."""
         t1 = time.perf_counter()
         max_norm = self.cfg.get("max_grad_norm", 1.0) or math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.policy.parameters() if p.requires_grad], max_norm)
         self.optimizer.step()
-        self._timing["time/actor_backward"] += t1 - t0
         self._timing["time/actor_step"] += time.perf_counter() - t1
         self.updates += 1
-        for k, v in terms.items():
-            sums.setdefault(k, []).append(float(v.detach().float().mean()))
+        for k, v in logged.items():
+            sums.setdefault(k, []).append(v)
         sums.setdefault("grad_norm", []).append(float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
 
     # ------------------------------------------------------------------ checkpoints
