@@ -154,3 +154,25 @@ def test_a_stopped_warm_up_is_continued_not_taken_as_finished(ray_session, demos
     rc, out = train(*args)
     assert rc == 0, out
     assert "(continuing it)" in out and (tmp_path / "r" / "sft" / "warmup-done.json").is_file()
+
+
+def test_critic_warm_up_moves_the_value_head_alone(ray_session, tmp_path):
+    """PPO from a pretrained VLA: during ``algorithm.critic_warmup_iterations`` only the value head
+    (new to an SFT policy) learns; the backbone it shares with the action head stays as it was."""
+    import torch
+
+    from rlweave.utils.checkpoint import load_checkpoint
+
+    small = [o for o in SMALL if not o.startswith("env.num_envs")]
+    rc, out = train("ppo-vla-mt3", "init.sft_recipe=null", *small, "env.num_envs=2", "train.rollout_steps=2",
+                    "train.total_env_steps=48", "algorithm.epochs=1", "algorithm.minibatch_size=4",
+                    "algorithm.critic_warmup_iterations=2", "placement.groups.rollout.threads=1", "train.eval_every=0",
+                    "train.checkpoint_every=1", "train.keep_checkpoints=5", f"run.dir={tmp_path}", *QUIET)
+    assert rc == 0, out
+    w1, w2, w3 = (load_checkpoint(tmp_path / "checkpoints" / f"iter_{i:08d}")["actor"]["policy"] for i in (1, 2, 3))
+    value = [k for k in w1 if k.startswith("value_head.")]
+    rest = [k for k in w1 if k not in value and w1[k].is_floating_point()]
+    assert value and rest
+    assert all(torch.equal(w1[k], w2[k]) for k in rest)
+    assert any(not torch.equal(w1[k], w2[k]) for k in value)
+    assert any(not torch.equal(w2[k], w3[k]) for k in rest)

@@ -179,6 +179,10 @@ class AlgorithmConfig:
     # fraction of the activation memory, for large policies such as VLAs, and for language-model
     # updates and SFT steps over long rows); None = the whole minibatch
     micro_batch_size: Optional[int] = field(default=None, metadata={"min": 1})
+    # on-policy with a critic (PPO): the first N iterations train the critic's own parameters only
+    # (the value loss; the policy's weights, shared layers included, stay exactly as they started), so a value
+    # head new to a pretrained policy (a VLA after SFT) is fitted before its advantages move the policy
+    critic_warmup_iterations: int = field(default=0, metadata={"min": 0})
     lr: float = field(default=3e-4, metadata={"min": 0})
     lr_anneal: bool = False
     clip_anneal: bool = False

@@ -55,6 +55,8 @@ def check_compatible_policy(cfg: DictConfig):
         raise ConfigError(f"actor.precision: {cfg.actor.precision} applies to the off-policy learner; "
                           f"{spec.name}'s actor trains in float32")
     check_update_threads(cfg, spec)
+    if cfg.algorithm.critic_warmup_iterations and not (spec.kind == "on_policy" and spec.uses_critic):
+        raise ConfigError(f"algorithm.critic_warmup_iterations: {spec.name} trains no critic (PPO's value head is what it warms up)")
     if (spec.kind == "offline" or cfg.runner == "policy_sft") and cfg.train.total_updates < 1:
         raise ConfigError(f"train.total_updates: {spec.name} learns from a dataset alone; give the number of gradient updates (> 0)")
     if cfg.env.num_workers % cfg.actor.num_workers:

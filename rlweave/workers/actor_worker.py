@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from tensordict import TensorDict
+from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from rlweave.algorithms import (OnPolicyAdvantageInput, OnPolicyLossInput, algorithm_estimator, algorithm_loss, load_algorithm,
@@ -74,6 +75,13 @@ class ActorWorker(Worker):
         # then one kernel each per step (small-MLP updates are bound by per-op overhead).
         self.flat = FlatParameters(self.policy.parameters())
         self.optimizer = torch.optim.Adam([self.flat.flat], lr=algo_cfg["lr"], eps=1e-5, fused=True)
+        if algo_cfg.get("critic_warmup_iterations", 0) and not (self.spec.uses_critic and self.policy.has_critic):
+            raise ValueError(f"algorithm.critic_warmup_iterations: algorithm {self.spec.name!r} trains no critic")
+        # critic warm-up: its own Adam over the critic-only entries of the flat buffer (the rest get no
+        # gradient, so no step), leaving the main optimizer's state as if the warm-up had not happened
+        self._critic_mask: Tensor | None = None
+        self.warmup_optimizer = (torch.optim.Adam([self.flat.flat], lr=algo_cfg["lr"], eps=1e-5, fused=True)
+                                 if algo_cfg.get("critic_warmup_iterations", 0) else None)
         self.traj_ch = trajectory_channel.open() if trajectory_channel is not None else None
         self.trajectories_per_rank = trajectories_per_rank
         self.version = 0
@@ -208,8 +216,9 @@ class ActorWorker(Worker):
         cfg = self.cfg
         frac = max(0.0, 1.0 - progress)
         lr = cfg["lr"] * frac if cfg.get("lr_anneal") else cfg["lr"]
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        for opt in (self.optimizer, self.warmup_optimizer):
+            for group in opt.param_groups if opt is not None else ():
+                group["lr"] = lr
         clip = cfg["clip_eps"] * frac if cfg.get("clip_anneal") else cfg["clip_eps"]
         model = self._module()
         B = batch.batch_size[0]
@@ -220,6 +229,7 @@ class ActorWorker(Worker):
         keys = ("obs", "action", "log_prob", "adv", "returns", "value")
         n_mb = B // mb if B >= mb else 1  # full minibatches only (a short tail is left out), or one of all rows
         whiten = whiten and cfg.get("norm_adv", True)
+        warmup = self.iteration < cfg.get("critic_warmup_iterations", 0)
         for _ in range(cfg["epochs"]):
             perm = torch.from_numpy(self.rng.permutation(B))
             # one gather per epoch, then every minibatch's views in one split per key
@@ -229,10 +239,13 @@ class ActorWorker(Worker):
                 if whiten:  # over the whole minibatch, before any split
                     mbatch["adv"] = normalize(mbatch["adv"])
                 self.flat.zero_grad()
-                stacked, terms = self._accumulate(model, mbatch, clip)
+                stacked, terms = self._accumulate(model, mbatch, clip, value_only=warmup)
+                if warmup:
+                    self.flat.flat.grad.mul_(self._critic_only(mbatch))
                 if cfg["max_grad_norm"] > 0:
                     self.flat.clip_grad_norm_(cfg["max_grad_norm"])
-                adam_step(self.optimizer)  # optimizer.step(), bit for bit, without its Python layers
+                # optimizer.step(), bit for bit, without its Python layers
+                adam_step(self.warmup_optimizer if warmup else self.optimizer)
                 # summed as one stacked tensor: two ops per minibatch and no sync to Python
                 sums = stacked if sums is None else sums + stacked
                 names = names or list(terms)
@@ -241,7 +254,22 @@ class ActorWorker(Worker):
         out = {f"train/{k}": v / max(1, count) for k, v in zip(names, totals)}
         out["train/lr"] = lr
         out["train/updates"] = count
+        if cfg.get("critic_warmup_iterations", 0):
+            out["train/critic_warmup"] = float(warmup)
         return out
+
+    def _critic_only(self, mbatch: dict) -> Tensor:
+        """1 on the flat buffer's entries that the policy's log-probs do not depend on (the
+        critic's own layers), 0 elsewhere; found once, by autograd, for any policy class."""
+        if self._critic_mask is None:
+            log_prob, _, _ = self.policy(mbatch["obs"], mbatch["action"])
+            grads = torch.autograd.grad(log_prob.float().sum(), self.flat.params, allow_unused=True)
+            self._critic_mask = torch.cat([torch.full((n,), float(g is None), dtype=self.flat.flat.dtype, device=self.flat.flat.device)
+                                           for g, n in zip(grads, self.flat.numels)])
+            if not self._critic_mask.any():
+                raise ValueError("algorithm.critic_warmup_iterations: the policy has no parameters of the critic's own "
+                                 "(every parameter moves its actions)")
+        return self._critic_mask
 
     @group_method("all", collect="first")
     def load_initial_weights(self, state: dict) -> list[str]:
@@ -254,11 +282,12 @@ class ActorWorker(Worker):
             raise ValueError(f"init.checkpoint: its policy has tensors this one lacks: {', '.join(result.unexpected_keys[:5])}")
         return list(result.missing_keys)
 
-    def _accumulate(self, model, mbatch: dict, clip: float) -> tuple[torch.Tensor, dict]:
+    def _accumulate(self, model, mbatch: dict, clip: float, value_only: bool = False) -> tuple[torch.Tensor, dict]:
         """Gradients of one minibatch's loss, in micro-batches of ``algorithm.micro_batch_size``
         rows when set (gradient accumulation: the same gradient, a fraction of the activation
         memory, for policies too large to forward a whole minibatch at once, such as VLAs on a
-        GPU). Returns the loss terms averaged over the minibatch (stacked) and their names."""
+        GPU). ``value_only``: the gradient of the value loss alone (the critic warm-up). Returns the
+        loss terms averaged over the minibatch (stacked) and their names."""
         cfg, n = self.cfg, len(mbatch["adv"])
         step = cfg.get("micro_batch_size") or n
         parts = [slice(i, min(n, i + step)) for i in range(0, n, step)]
@@ -280,7 +309,8 @@ class ActorWorker(Worker):
                 if entropy is None:
                     terms["entropy"] = entropy_mean
                 w = (sl.stop - sl.start) / n
-                (total_loss(terms) * w if w != 1 else total_loss(terms)).backward()
+                loss = terms["loss_value"] if value_only else total_loss(terms)
+                (loss * w if w != 1 else loss).backward()
             part = torch.stack([v.detach() for v in terms.values()])
             part = part * w if w != 1 else part
             stacked = part if stacked is None else stacked + part
@@ -390,6 +420,7 @@ class ActorWorker(Worker):
         return {
             "policy": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            **({"warmup_optimizer": self.warmup_optimizer.state_dict()} if self.warmup_optimizer is not None else {}),
             "version": self.version,
             "iteration": self.iteration,
             "rng": {
@@ -403,6 +434,8 @@ class ActorWorker(Worker):
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.warmup_optimizer is not None and "warmup_optimizer" in state:
+            self.warmup_optimizer.load_state_dict(state["warmup_optimizer"])
         self.version = state["version"]
         self.iteration = state["iteration"]
         self.rng.bit_generator.state = state["rng"]["numpy"]
