@@ -42,6 +42,22 @@ SAC = ["run.deterministic=true", "policy.hidden=[32,32]", "critic.hidden=[32,32]
        "env.num_envs=2", "train.checkpoint_every=2"]
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(ray_session, tmp_path_factory):
+    """The uninterrupted run of a recipe with given overrides (its stable metrics), made once for
+    every test here that compares an interrupted run with it."""
+    done: dict[tuple, list[dict]] = {}
+
+    def get(recipe: str, overrides: list[str]) -> list[dict]:
+        key = (recipe, tuple(overrides))
+        if key not in done:
+            whole = tmp_path_factory.mktemp("whole")
+            _run(recipe, overrides, whole)
+            done[key] = _stable(read_metrics(whole))
+        return done[key]
+    return get
+
+
 def _stop_at(k: int):
     def cb(runner, record):
         if runner.iteration == k:
@@ -50,15 +66,14 @@ def _stop_at(k: int):
 
 
 @pytest.mark.parametrize("recipe, overrides, stop", [("ppo-halfcheetah", PPO, 3), ("sac-pendulum", SAC, 3)], ids=["ppo", "sac"])
-def test_stopped_and_resumed_run_matches_the_uninterrupted_one(ray_session, tmp_path, recipe, overrides, stop):
-    whole, parted = tmp_path / "whole", tmp_path / "parted"
-    _run(recipe, overrides, whole)
+def test_stopped_and_resumed_run_matches_the_uninterrupted_one(uninterrupted, tmp_path, recipe, overrides, stop):
+    parted = tmp_path / "parted"
     runner = _run(recipe, overrides, parted, on_iteration=_stop_at(stop))
     assert runner.iteration == stop and len(read_metrics(parted)) == stop
     assert (parted / "checkpoints" / f"iter_{stop:08d}").is_dir()  # the stop wrote its checkpoint
     rc, out = run_cli("resume", str(parted))
     assert rc == 0, out
-    a, b = _stable(read_metrics(whole)), _stable(read_metrics(parted))
+    a, b = uninterrupted(recipe, overrides), _stable(read_metrics(parted))
     assert len(a) == len(b) == 6
     assert a == b
 
@@ -67,10 +82,10 @@ def test_stopped_and_resumed_run_matches_the_uninterrupted_one(ray_session, tmp_
     ("ppo-halfcheetah", PPO, "env", 128, "iter_00000002"),
     ("sac-pendulum", SAC, "rollout", 100, "iter_00000002"),
 ], ids=["ppo-env", "sac-rollout"])
-def test_killed_worker_is_replaced_and_the_run_ends_as_if_nothing_happened(ray_session, tmp_path, capsys, recipe, overrides,
+def test_killed_worker_is_replaced_and_the_run_ends_as_if_nothing_happened(uninterrupted, tmp_path, capsys, recipe, overrides,
                                                                            group, steps, last_ckpt):
-    whole, hit = tmp_path / "whole", tmp_path / "hit"
-    _run(recipe, overrides, whole)
+    hit = tmp_path / "hit"
+    whole = uninterrupted(recipe, overrides)
     killed = []
 
     def kill_during_next_iteration(runner, record):
@@ -85,7 +100,7 @@ def test_killed_worker_is_replaced_and_the_run_ends_as_if_nothing_happened(ray_s
     assert "worker process died" in out and f"restart 1/3: worker groups rebuilt, continuing from {last_ckpt}" in out
     rows = read_metrics(hit)
     assert [r["env_steps"] for r in rows] == [steps * i for i in range(1, 7)]  # every sample counted once
-    assert _stable(rows) == _stable(read_metrics(whole))
+    assert _stable(rows) == whole
 
 
 def test_no_restarts_left_stops_the_run_with_the_worker_named(ray_session, tmp_path, capsys):

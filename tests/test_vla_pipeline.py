@@ -63,15 +63,28 @@ def test_sft_trains_the_vla_and_reports_success_per_task(sft_run):
     assert {f"eval/success_rate/{t}" for t in TASKS} <= set(rows[-1])
 
 
-def test_ppo_starts_from_the_sft_run(sft_run, tmp_path):
+def test_ppo_starts_from_the_sft_run_and_warms_up_its_new_value_head_alone(sft_run, tmp_path):
+    """PPO from the SFT run: during ``algorithm.critic_warmup_iterations`` only the value head (new
+    to the SFT policy) learns; everything it shares with the action head stays as SFT left it."""
+    import torch
+
+    from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint
+
     sft_dir, _ = sft_run
     rc, out = train("ppo-vla-mt3", f"init.checkpoint={sft_dir}", *SMALL, "train.rollout_steps=3", "train.total_env_steps=72",
-                    "algorithm.epochs=1", "algorithm.minibatch_size=9", "placement.groups.rollout.threads=1", "train.eval_every=2", f"run.dir={tmp_path / 'ppo'}", *QUIET)
+                    "algorithm.epochs=1", "algorithm.minibatch_size=9", "placement.groups.rollout.threads=1", "train.eval_every=2",
+                    "algorithm.critic_warmup_iterations=1", "train.checkpoint_every=1", f"run.dir={tmp_path / 'ppo'}", *QUIET)
     assert rc == 0, out
     assert f"policy starts from {sft_dir}" in out and "start fresh (value_head" in out
     rows = read_metrics(tmp_path / "ppo")
-    assert rows[-1]["env_steps"] == 72
+    assert rows[-1]["env_steps"] == 72 and [r["train/critic_warmup"] for r in rows] == [1.0, 0.0]
     assert math.isfinite(rows[-1]["train/loss_policy"] if "train/loss_policy" in rows[-1] else rows[-1]["train/approx_kl"])
+    sft = load_checkpoint(latest_checkpoint(sft_dir))["actor"]["policy"]
+    w1, w2 = (load_checkpoint(tmp_path / "ppo" / "checkpoints" / f"iter_{i:08d}")["actor"]["policy"] for i in (1, 2))
+    shared = [k for k in sft if sft[k].is_floating_point()]
+    assert shared and not any(k.startswith("value_head.") for k in shared)
+    assert all(torch.equal(w1[k], sft[k]) for k in shared)  # the warm-up left the pretrained policy as it was
+    assert any(not torch.equal(w2[k], sft[k]) for k in shared)  # then PPO trains it
 
 
 def test_sft_without_demonstrations_is_refused_in_one_line():
@@ -155,24 +168,3 @@ def test_a_stopped_warm_up_is_continued_not_taken_as_finished(ray_session, demos
     assert rc == 0, out
     assert "(continuing it)" in out and (tmp_path / "r" / "sft" / "warmup-done.json").is_file()
 
-
-def test_critic_warm_up_moves_the_value_head_alone(ray_session, tmp_path):
-    """PPO from a pretrained VLA: during ``algorithm.critic_warmup_iterations`` only the value head
-    (new to an SFT policy) learns; the backbone it shares with the action head stays as it was."""
-    import torch
-
-    from rlweave.utils.checkpoint import load_checkpoint
-
-    small = [o for o in SMALL if not o.startswith("env.num_envs")]
-    rc, out = train("ppo-vla-mt3", "init.sft_recipe=null", *small, "env.num_envs=2", "train.rollout_steps=2",
-                    "train.total_env_steps=48", "algorithm.epochs=1", "algorithm.minibatch_size=4",
-                    "algorithm.critic_warmup_iterations=2", "placement.groups.rollout.threads=1", "train.eval_every=0",
-                    "train.checkpoint_every=1", "train.keep_checkpoints=5", f"run.dir={tmp_path}", *QUIET)
-    assert rc == 0, out
-    w1, w2, w3 = (load_checkpoint(tmp_path / "checkpoints" / f"iter_{i:08d}")["actor"]["policy"] for i in (1, 2, 3))
-    value = [k for k in w1 if k.startswith("value_head.")]
-    rest = [k for k in w1 if k not in value and w1[k].is_floating_point()]
-    assert value and rest
-    assert all(torch.equal(w1[k], w2[k]) for k in rest)
-    assert any(not torch.equal(w1[k], w2[k]) for k in value)
-    assert any(not torch.equal(w2[k], w3[k]) for k in rest)
