@@ -106,3 +106,12 @@ def test_a_broken_recipe_file_is_refused_naming_file_and_line(capsys, tmp_path, 
     _, err = capsys.readouterr()
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert str(recipe) in err and "line" in err, err
+
+
+@pytest.mark.parametrize("recipe", sorted(__import__("rlweave.config.load", fromlist=["list_recipes"]).list_recipes()))
+def test_every_packaged_recipe_passes_the_schema(recipe):
+    """A typo in a packaged recipe (an unknown key, a value of the wrong type) fails here, not in a user's run."""
+    from rlweave.config import load_config
+
+    cfg = load_config(recipe, [])
+    assert cfg.recipe == recipe and cfg.description
