@@ -28,8 +28,9 @@ from test_agent_loop import _actor, _rows  # noqa: E402
 TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.num_kv_heads=2",
         "model.intermediate_size=64", "model.vocab_size=600", "run.progress=false", "run.tensorboard=false",
         "task.eval_prompts=4", "cluster.num_cpus=2", "cluster.local=true", "rollout.max_new_tokens=40", "agent.max_tokens=96"]
-RL = [*TINY, "rollout.prompts_per_iteration=2", "algorithm.group_size=4", "train.eval_every=0", "train.checkpoint_every=0",
-      "task.reward_fn=reward_fns:length_reward", "task.reward_timeout_s=30"]
+# one update an iteration (grpo-calc takes two): the first iteration's logged KL to the reference is then exactly 0
+RL = [*TINY, "rollout.prompts_per_iteration=2", "algorithm.group_size=4", "algorithm.epochs=1", "train.eval_every=0",
+      "train.checkpoint_every=0", "task.reward_fn=reward_fns:length_reward", "task.reward_timeout_s=30"]
 ASYNC = ["algorithm.name=async_ppo", "placement.mode=disaggregated", "~placement.groups.actor", "~placement.groups.rollout"]
 
 
