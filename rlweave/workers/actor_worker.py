@@ -75,13 +75,13 @@ class ActorWorker(Worker):
         # then one kernel each per step (small-MLP updates are bound by per-op overhead).
         self.flat = FlatParameters(self.policy.parameters())
         self.optimizer = torch.optim.Adam([self.flat.flat], lr=algo_cfg["lr"], eps=1e-5, fused=True)
-        if algo_cfg.get("critic_warmup_iterations", 0) and not (self.spec.uses_critic and self.policy.has_critic):
-            raise ValueError(f"algorithm.critic_warmup_iterations: algorithm {self.spec.name!r} trains no critic")
-        # critic warm-up: its own Adam over the critic-only entries of the flat buffer (the rest get no
-        # gradient, so no step), leaving the main optimizer's state as if the warm-up had not happened
+        # critic warm-up (refused before start for critic-free algorithms: runners/checks.py): its own
+        # Adam over the critic-only entries of the flat buffer (the rest get no gradient, so no step),
+        # leaving the main optimizer's state as if the warm-up had not happened
+        self.warmup_iterations = int(algo_cfg.get("critic_warmup_iterations") or 0)
         self._critic_mask: Tensor | None = None
         self.warmup_optimizer = (torch.optim.Adam([self.flat.flat], lr=algo_cfg["lr"], eps=1e-5, fused=True)
-                                 if algo_cfg.get("critic_warmup_iterations", 0) else None)
+                                 if self.warmup_iterations else None)
         self.traj_ch = trajectory_channel.open() if trajectory_channel is not None else None
         self.trajectories_per_rank = trajectories_per_rank
         self.version = 0
@@ -229,7 +229,7 @@ class ActorWorker(Worker):
         keys = ("obs", "action", "log_prob", "adv", "returns", "value")
         n_mb = B // mb if B >= mb else 1  # full minibatches only (a short tail is left out), or one of all rows
         whiten = whiten and cfg.get("norm_adv", True)
-        warmup = self.iteration < cfg.get("critic_warmup_iterations", 0)
+        warmup = self.iteration < self.warmup_iterations
         for _ in range(cfg["epochs"]):
             perm = torch.from_numpy(self.rng.permutation(B))
             # one gather per epoch, then every minibatch's views in one split per key
@@ -254,7 +254,7 @@ class ActorWorker(Worker):
         out = {f"train/{k}": v / max(1, count) for k, v in zip(names, totals)}
         out["train/lr"] = lr
         out["train/updates"] = count
-        if cfg.get("critic_warmup_iterations", 0):
+        if self.warmup_iterations:
             out["train/critic_warmup"] = float(warmup)
         return out
 
