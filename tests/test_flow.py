@@ -151,11 +151,23 @@ def test_same_seed_same_learning_under_every_plan(ray_session, tmp_path):
         assert all(r["samples/produced"] == r["samples/trained"] == 128 for r in rows)
 
 
-def test_auto_profiles_verifies_then_runs_the_chosen_layout(ray_session, tmp_path):
-    runner, rows = run(tmp_path, "auto", "placement.mode=auto", "train.total_env_steps=1280")
+AUTO = ["placement.mode=auto", "train.total_env_steps=1280", "train.checkpoint_every=5", "train.keep_checkpoints=5"]
+
+
+@pytest.fixture(scope="module")
+def auto_run(ray_session, tmp_path_factory) -> tuple[Path, list[dict]]:
+    """One placement.mode=auto run with checkpoints, shared: its choice is checked in one test and
+    resumed from in another (the auto run is the slowest part of this module)."""
+    root = tmp_path_factory.mktemp("auto")
+    _, rows = run(root, "auto", *AUTO)
+    return root / "auto", rows
+
+
+def test_auto_profiles_verifies_then_runs_the_chosen_layout(auto_run):
+    run_dir, rows = auto_run
     layouts = [(r["plan/env_workers"], r["plan/rollout_workers"], r["plan/micro_batches"], r["plan/fused"]) for r in rows]
     assert layouts[:2] == [(1, 1, 1, 1), (1, 1, 2, 0)]  # the two profiling plans
-    log = json.loads((tmp_path / "auto" / "plans.json").read_text())
+    log = json.loads((run_dir / "plans.json").read_text())
     assert log[0] == {"iteration": 1, "reason": "profiling", "plan": "disaggregated env[1]@0 rollout[1]@1 k=2"}
     chosen = [e for e in log if e["reason"] == "chosen"]
     assert chosen, log
@@ -279,17 +291,15 @@ def test_grpo_episodes_are_the_same_split_into_micro_batches(ray_session, tmp_pa
     assert all(r["samples/produced"] == r["samples/trained"] for r in fused + split)
 
 
-def test_auto_run_resumes_with_its_plan_and_planner_state(ray_session, tmp_path):
+def test_auto_run_resumes_with_its_plan_and_planner_state(auto_run, tmp_path):
     import shutil
 
-    runner, rows = run(tmp_path, "auto-resume", "placement.mode=auto", "train.total_env_steps=1280",
-                       "train.checkpoint_every=5", "train.keep_checkpoints=5")
-    run_dir = tmp_path / "auto-resume"
+    run_dir = tmp_path / "auto-resume"  # a copy: the shared run stays as it ended
+    shutil.copytree(auto_run[0], run_dir)
     shutil.rmtree(run_dir / "checkpoints" / "iter_00000010")
     saved_flow = FlowPlan.from_tuple(torch_load(run_dir / "checkpoints" / "iter_00000005" / "runner.pt")["flow"])
     cfg = load_config("ppo-cartpole", ["env.num_envs=4", "train.rollout_steps=32", "train.eval_every=0", f"run.dir={run_dir}",
-                                       *QUIET, "placement.mode=auto", "train.total_env_steps=1280",
-                                       "train.checkpoint_every=5", "train.keep_checkpoints=5"])
+                                       *QUIET, *AUTO])
     resumed = OnPolicyRunner(cfg, run_dir, resume=True)
     resumed.run()
     after = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]

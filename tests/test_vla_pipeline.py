@@ -72,7 +72,7 @@ def test_ppo_starts_from_the_sft_run_and_warms_up_its_new_value_head_alone(sft_r
 
     sft_dir, _ = sft_run
     rc, out = train("ppo-vla-mt3", f"init.checkpoint={sft_dir}", *SMALL, "train.rollout_steps=3", "train.total_env_steps=72",
-                    "algorithm.epochs=1", "algorithm.minibatch_size=9", "placement.groups.rollout.threads=1", "train.eval_every=2",
+                    "algorithm.epochs=1", "algorithm.minibatch_size=9", "placement.groups.rollout.threads=1", "train.eval_every=0",
                     "algorithm.critic_warmup_iterations=1", "train.checkpoint_every=1", f"run.dir={tmp_path / 'ppo'}", *QUIET)
     assert rc == 0, out
     assert f"policy starts from {sft_dir}" in out and "start fresh (value_head" in out
