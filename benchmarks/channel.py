@@ -5,7 +5,13 @@ Moves numpy uint8 arrays (1 KB, 1 MB, 10 MB) from a producer Ray actor to the dr
   A  channel     the producer ``Channel.put``s each item (a Ray channel, maxsize=DEPTH; each put
                  returns once the item is stored); the driver ``get``s it. Items >= 64 KiB travel
                  by the channel's default transport: on this one-node cluster, shared memory (the
-                 producer copies the bytes into its arena, the driver copies them out).
+                 producer copies the bytes into its arena, the driver copies them out); puts and
+                 gets reach the channel actor by direct socket calls (the default on one node).
+  V  views       as A, and the driver reads through ``with_views()``: its arrays are read-only views
+                 of the producer's shared memory (no copy out), as every raw-Ray side's arrays are
+                 read-only views of the object store or of the compiled graph's buffer.
+  R  Ray calls   as A with ``calls="ray"``: puts and gets are Ray actor calls (the default before
+                 direct calls).
   O  object st.  as A with ``transport="object_store"``: items >= 64 KiB go by reference.
   P  pipelined   as A, with ``put_window=DEPTH/2`` and ``maxsize=DEPTH/2`` (at most DEPTH items in
                  flight): a put returns once sent, the producer overlaps the next item.
@@ -21,7 +27,9 @@ Moves numpy uint8 arrays (1 KB, 1 MB, 10 MB) from a producer Ray actor to the dr
                  Where it does not run, the JSON says why (``compiled_graph``).
 
 The baseline at each size is the fastest raw-Ray pattern there (B, C or G, by median): the
-headline ``ratio_<size>`` = A / that pattern, median of the per-round ratios. The ratios against
+headline ``ratio_<size>`` = V / that pattern, median of the per-round ratios (like for like: the
+driver ends up with read-only arrays on both sides); ``ratio_copy_<size>`` = A / that pattern (the
+channel's default, writable copies). The ratios against
 each pattern are written beside it. Each run moves enough items for at least 1 s of timed work
 (counts found in the warm-up, per side and size). Rounds alternate the order of the sides
 (A O P B C G, G C B P O A, ...). All sides share one consumer (this process) and one Ray
@@ -51,6 +59,8 @@ START_ITEMS = {"1kb": 64, "1mb": 16, "10mb": 4}  # first guess; the warm-up doub
 DEPTH = 8  # channel maxsize = raw-Ray calls in flight
 SIDES = {  # key -> (JSON name, description)
     "A": ("channel", "rlweave Channel, default transport, acknowledged puts"),
+    "V": ("channel_views", "rlweave Channel, default transport, consumer with_views() (read-only arrays, no copy out)"),
+    "R": ("channel_ray_calls", "rlweave Channel, default transport, calls='ray'"),
     "O": ("channel_object_store", "rlweave Channel, transport=object_store"),
     "P": ("channel_pipelined", f"rlweave Channel, put_window={DEPTH // 2}, maxsize={DEPTH // 2}"),
     "W": ("channel_windowed", f"rlweave Channel, put_window={DEPTH // 2}, maxsize={DEPTH // 2}, consumer get_window={DEPTH // 2}"),
@@ -179,14 +189,17 @@ def main(argv: list[str] | None = None) -> int:
     ray.get(producer.ready.remote())
     tag = f"{os.getpid()}-{time.time_ns()}"
     ch = Channel.create(f"bench-channel-{tag}", maxsize=DEPTH)
+    chr_ = Channel.create(f"bench-channel-ray-calls-{tag}", maxsize=DEPTH, calls="ray")
     cho = Channel.create(f"bench-channel-object-store-{tag}", maxsize=DEPTH, transport="object_store")
     chp = Channel.create(f"bench-channel-pipelined-{tag}", maxsize=half, put_window=half)
     chw = Channel.create(f"bench-channel-windowed-{tag}", maxsize=half, put_window=half)
-    ch.qsize(), cho.qsize(), chp.qsize(), chw.qsize()  # all actors up before timing
+    ch.qsize(), chr_.qsize(), cho.qsize(), chp.qsize(), chw.qsize()  # all actors up before timing
     graph, graph_producer, graph_error = (None, None, "left out (--no-compiled-graph)") if args.no_compiled_graph else \
         compile_graph(cls, [nbytes for _, nbytes in SIZES])
     runs = {
         "A": lambda nbytes, n: run_channel(producer, ch, nbytes, n),
+        "V": lambda nbytes, n: run_channel(producer, ch, nbytes, n, reader=ch.with_views()),
+        "R": lambda nbytes, n: run_channel(producer, chr_, nbytes, n),
         "O": lambda nbytes, n: run_channel(producer, cho, nbytes, n),
         "P": lambda nbytes, n: run_channel(producer, chp, nbytes, n),
         "W": lambda nbytes, n: run_channel(producer, chw, nbytes, n, reader=chw.with_get_window(half)),
@@ -197,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         runs["G"] = lambda nbytes, n: _windowed(lambda: graph.execute(nbytes), ray.get, nbytes, n)
     sides = list(runs)
     configs = {SIDES[s][0]: {"key": s, "what": SIDES[s][1]} for s in sides}
-    out = C.report("channel", argv, "items/s producer actor -> driver; ratio_<size> = median over rounds of channel (A) / "
-                   "the fastest raw-Ray pattern at that size (B, C or G)", configs, args.repeats)
+    out = C.report("channel", argv, "items/s producer actor -> driver; ratio_<size> = median over rounds of channel read as views (V) / "
+                   "the fastest raw-Ray pattern at that size (B, C or G), read-only arrays on both sides; ratio_copy_<size>: "
+                   "the channel's default (A, writable copies) / the same pattern", configs, args.repeats)
     out["protocol"].update(each_side_in_own_process="all sides: one consumer (the driver) and one Ray instance; producers are actors",
                            min_timed_s_per_run=args.min_seconds)
     print("channel benchmark: numpy uint8 items, producer Ray actor -> driver")
@@ -224,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         stats = ch.stats()
         profile = profile_item(ch, SIZES[-1][1])
     finally:
-        for c in (ch, cho, chp, chw):
+        for c in (ch, chr_, cho, chp, chw):
             c.close()
         if graph is not None:
             graph.teardown()
@@ -237,39 +251,40 @@ def main(argv: list[str] | None = None) -> int:
                 "compiled_graph": {"ran": graph is not None, "reason": graph_error},
                 "settings": {"items_per_run": items, "depth": DEPTH, "repeats": args.repeats, "ref_threshold": DEFAULT_REF_THRESHOLD,
                              "pipelined": {"maxsize": half, "put_window": half},
-                             "windowed": {"maxsize": half, "put_window": half, "get_window": half}, "transport": ch.transport},
+                             "windowed": {"maxsize": half, "put_window": half, "get_window": half}, "transport": ch.transport, "calls": stats.get("calls")},
                 "writable_array": {SIDES[s][0]: owns.get(s) for s in sides},
                 "channel_puts": {k: stats.get(k) for k in ("puts_shm", "puts_by_ref", "puts_inline")},
                 "profile_10mb": {**profile, "what": "ms per 10 MB item, medians: encode = pickle + copy into the arena; decode = "
-                                 "copy out + unpickle; hops = one put and one get of a tiny item through the channel actor; "
+                                 "copy out + unpickle; hops = one put and one get of a tiny item through the channel actor (direct calls); "
                                  "memcpy = one copy into memory already faulted in (the floor)"}})
     print("\nmedians, items/s (MB/s); ratios over rounds against the fastest raw pattern")
     for label, nbytes in SIZES:
         r = results[label]
         raw = {SIDES[s][0]: r[s] for s in RAW if s in r}
-        head = C.ratio_vs_fastest(r["A"], raw)
+        head = C.ratio_vs_fastest(r["V"], raw)
         out[f"ratio_{label}"], out[f"ratio_{label}_min"], out[f"ratio_{label}_max"] = head["median"], head["min"], head["max"]
         out[f"baseline_{label}"] = head["baseline"]
         for name, v in head["against"].items():
             out[f"ratio_vs_{name}_{label}"] = v
-        for s, key in (("O", "ratio_object_store"), ("P", "ratio_pipelined"), ("W", "ratio_windowed")):
+        out[f"ratio_copy_{label}"] = C.ratio_stats(r["A"], raw[head["baseline"]])["median"]
+        for s, key in (("R", "ratio_ray_calls"), ("O", "ratio_object_store"), ("P", "ratio_pipelined"), ("W", "ratio_windowed")):
             out[f"{key}_{label}"] = C.ratio_stats(r[s], raw[head["baseline"]])["median"]
         for s in sides:
             out[f"{SIDES[s][0]}_items_per_s_{label}"] = C.median(r[s])
             out[f"{SIDES[s][0]}_mb_per_s_{label}"] = C.median(r[s]) * nbytes / 1e6
         cells = "  ".join(f"{s} {C.median(r[s]):8.1f} ({C.median(r[s]) * nbytes / 1e6:7.1f})" for s in sides)
         print(f"  {label:>5}  {cells}")
-        print(f"         A / {head['baseline']} {C.fmt_ratio(head)}; "
+        print(f"         V / {head['baseline']} {C.fmt_ratio(head)}; "
               + ", ".join(f"vs {n} {v:.2f}" for n, v in head["against"].items())
-              + f"; O {out[f'ratio_object_store_{label}']:.2f}, P {out[f'ratio_pipelined_{label}']:.2f}, "
+              + f"; A (copies) {out[f'ratio_copy_{label}']:.2f}, R {out[f'ratio_ray_calls_{label}']:.2f}, O {out[f'ratio_object_store_{label}']:.2f}, P {out[f'ratio_pipelined_{label}']:.2f}, "
               f"W {out[f'ratio_windowed_{label}']:.2f}")
     out.update({"ratio": out["ratio_10mb"], "runs": results, "elapsed_s": elapsed})
     prof = out["profile_10mb"]
     per_item = 1e3 / C.median(results["10mb"]["A"])
-    print(f"  10 MB item: {per_item:.2f} ms through the channel; parts: encode {prof['encode_ms']:.2f}, decode {prof['decode_ms']:.2f}, "
+    print(f"  10 MB item: {per_item:.2f} ms through the channel ({1e3 / C.median(results['10mb']['V']):.2f} ms read as views); parts: encode {prof['encode_ms']:.2f}, decode {prof['decode_ms']:.2f}, "
           f"hops {prof['hops_ms']:.2f} ms (one memcpy {prof['memcpy_ms']:.2f} ms); the compiled graph "
           + (f"{1e3 / C.median(results['10mb']['G']):.2f} ms" if "G" in results["10mb"] else "did not run"))
-    print(f"\nratio (channel / fastest raw Ray, 10 MB), median of {args.repeats} rounds: {out['ratio_10mb']:.2f} "
+    print(f"\nratio (channel read as views / fastest raw Ray, both read-only arrays, 10 MB), median of {args.repeats} rounds: {out['ratio_10mb']:.2f} "
           f"[{elapsed:.0f} s; {out['command']}]")
     C.write_json(args.json, out)
     return 0

@@ -550,3 +550,98 @@ def _missing(name: str) -> bool:
         return False
     except ValueError:
         return True
+
+
+# ----------------------------------------------------------------------------- direct calls to the channel actor
+
+
+def test_direct_calls_on_one_node_and_ray_calls_give_the_same_channel(make):
+    """With the node-local transport, handles reach the channel actor over a Unix socket (fewer
+    microseconds of CPU per call); calls="ray" keeps Ray calls. Same items either way, in a worker
+    process too; a put of an item holding Ray handles still goes by Ray, and a direct get hands it
+    over by a Ray call, so the reference stays valid."""
+    direct_ch, ray_ch = make("ray", maxsize=4), make("ray", maxsize=4, calls="ray")
+    for ch in (direct_ch, ray_ch):
+        ch.put({"x": np.arange(300_000, dtype=np.uint8)}, key="a", version=3)
+        ch.put("small", key="b")
+        ref = ray.put(np.arange(5))
+        ch.put([ref])  # an object holding a Ray handle
+        del ref
+        got = ch.get_envelope(key="a")
+        assert got.version == 3 and np.array_equal(got.item["x"], np.arange(300_000, dtype=np.uint8))
+        assert ch.get(key="b") == "small"
+        assert np.array_equal(ray.get(ch.get(timeout=10)[0]), np.arange(5))
+        p = _ShmProducer.remote()
+        assert ray.get(p.send.remote(ch, 200_000, 3)) == 3
+        assert [e.item["i"] for e in ch.get_batch_envelopes(3, timeout=10)] == [0, 1, 2]
+        ray.kill(p)
+    d, r = direct_ch.stats(), ray_ch.stats()
+    assert d["calls"] == "direct" and d["direct_calls"] >= 8  # the producer's puts came directly too
+    assert r["calls"] == "ray" and r["direct_calls"] == 0
+
+
+def test_two_handles_in_one_thread_do_not_wait_on_each_other(make):
+    """A pipelined put waiting for space must not hold up a get from another handle of the same
+    thread: each handle has its own connection."""
+    ch = make("ray", maxsize=1)
+    producer = ch.with_put_window(2)
+    producer.put(0)
+    producer.put(1)  # sent; waits in the actor for space
+    assert ch.get(timeout=10) == 0 and ch.get(timeout=10) == 1
+    producer.flush()
+
+
+def test_a_key_plain_pickle_cannot_send_goes_by_ray(make):
+    class LocalKey(tuple):  # defined in a function: only cloudpickle can send it
+        pass
+
+    ch = make("ray")
+    ch.put("v", key=LocalKey((1,)))
+    assert ch.get(key=LocalKey((1,)), timeout=10) == "v"
+
+
+def test_calls_must_be_known_and_direct_needs_the_node_local_transport(make):
+    with pytest.raises(ValueError, match=r"channel 'c1': calls must be one of auto, direct, ray, got 'grpc'"):
+        Channel.create("c1", calls="grpc")
+    with pytest.raises(ValueError, match=r"channel 'c2': calls='direct' needs the node-local transport 'shm'"):
+        Channel.create("c2", transport="object_store", calls="direct")
+
+
+@ray.remote(num_cpus=0)
+class _PipelinedProducer:
+    def send(self, ch: Channel, n: int) -> int:
+        for i in range(n):  # returns without flush: the handle (and its connection) goes with the call
+            ch.put(np.full(100_000, i, np.uint8), version=i)
+        return n
+
+
+def test_pipelined_puts_of_a_dropped_handle_all_arrive(make):
+    ch = make("ray", maxsize=2, put_window=2)
+    p = _PipelinedProducer.remote()
+    for _ in range(2):  # twice: a second call's handle is a new producer
+        assert ray.get(p.send.remote(ch, 4)) == 4  # returns with two puts sent and waiting for space
+        assert [int(ch.get(timeout=30)[0]) for _ in range(4)] == list(range(4))
+    ray.kill(p)
+
+
+def test_views_are_read_only_and_free_the_block_when_the_last_one_goes(make):
+    ch = make("ray", maxsize=4)
+    reader = ch.with_views()
+    p = _ShmProducer.remote()
+    pid = ray.get(p.pid.remote())
+    ray.get(p.send.remote(ch, 500_000, 2))
+    first, second = reader.get(timeout=10), ch.get(timeout=10)  # a view, then a copy
+    assert np.all(first["x"] == 0) and first["x"].size == 500_000 and not first["x"].flags.writeable
+    assert np.all(second["x"] == 1) and second["x"].flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        first["x"][0] = 7
+    key = next(k for k in _shm._reader.maps if k[0] == pid)
+    view = _shm._reader.maps[key]
+    state = lambda: view[64]  # noqa: E731 - the first block's state byte (after the segment header)
+    part = first["x"][100:200]
+    del first
+    assert state() == _shm.LIVE  # a slice of the array still holds the block
+    del part
+    assert state() == _shm.RELEASED
+    assert pickle.loads(pickle.dumps(reader)).views and not Channel.connect(ch.name).views
+    ray.kill(p)

@@ -12,7 +12,7 @@ import pytest
 import ray
 
 from rlweave.cluster import Cluster, Worker, WorkerError, WorkerGroup
-from rlweave.cluster import direct
+from rlweave.utils import direct
 from rlweave.cluster.placement import GroupPlacement, Slot
 
 

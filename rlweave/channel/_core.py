@@ -55,7 +55,8 @@ class Entry(NamedTuple):
     ``enc`` says how ``payload`` holds the item: :data:`ENC_OBJECT` (the item itself),
     :data:`ENC_PICKLED` (cloudpickled bytes, Ray backend, small items), :data:`ENC_REF`
     (``[ObjectRef]``, Ray backend, large items) or :data:`ENC_SHM` (a shared-memory descriptor,
-    Ray backend, large items when the cluster is one node: :mod:`rlweave.channel._shm`).
+    Ray backend, large items when the cluster is one node: :mod:`rlweave.channel._shm`);
+    :data:`ENC_HELD` only in a reply over a direct socket (the payload waits in the actor).
     """
 
     seq: int
@@ -67,6 +68,16 @@ class Entry(NamedTuple):
 
 
 ENC_OBJECT, ENC_PICKLED, ENC_REF, ENC_SHM = 0, 1, 2, 3
+# A payload that holds Ray handles, kept in the channel actor for one Ray call (``take_held``): a
+# reply over a direct socket is a plain pickle, which would bypass Ray's reference counting.
+ENC_HELD = 4
+PLAIN_TYPES = (int, float, bool, str, bytes)
+
+
+def holds_ray_handles(payload: Any, enc: int) -> bool:
+    """True for payloads only Ray's serialisation may carry: ``[ObjectRef]`` and items that hold
+    Ray handles (anything stored as an object that is not a plain value)."""
+    return enc == ENC_REF or (enc == ENC_OBJECT and payload is not None and type(payload) not in PLAIN_TYPES)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -33,11 +33,13 @@ Python 3.13 that class unlinks a segment when *any* process that attached to it 
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import pickle
 import threading
 import uuid
+import weakref
 from collections import OrderedDict, deque
 from typing import Any
 
@@ -236,8 +238,12 @@ def _own_segment(key: tuple) -> Segment | None:
 _reader = _Reader()
 
 
-def read(desc: Descriptor, channel: str) -> Any:
-    """The item a descriptor points to, as new (writable) memory; releases the block."""
+def read(desc: Descriptor, channel: str, copy: bool = True) -> Any:
+    """The item a descriptor points to. ``copy`` (default): its arrays in new, writable memory, and
+    the block released at once. ``copy=False``: its arrays are read-only views of the producer's
+    shared memory (no copy, as Ray hands out object-store arrays), and the block is released when
+    the last of them is garbage-collected; until then the producer's ring cannot reuse it (an arena
+    that fills up sends later items through the object store)."""
     key, off, sizes, meta = desc
     view = _reader.view(key)
     if view is None:
@@ -246,6 +252,8 @@ def read(desc: Descriptor, channel: str) -> Any:
         raise ChannelPayloadLost(
             f"channel {channel!r}: item lost, its producing worker process died (pid {key[0]}) before it was consumed"
         )
+    if not copy:
+        return pickle.loads(meta, buffers=_leased_views(view, off, sizes))
     buffers = []
     pos = off + HEADER
     for n in sizes:
@@ -255,6 +263,23 @@ def read(desc: Descriptor, channel: str) -> Any:
         pos += _round_up(n)
     view[off] = RELEASED  # after the copies: the producer may now reuse the block
     return pickle.loads(meta, buffers=buffers)
+
+
+def _leased_views(view: memoryview, off: int, sizes: list[int]) -> list[memoryview]:
+    """Read-only views of a block's buffers that release the block when the last one is gone.
+
+    The views are slices of one ctypes array laid over the block's data: ctypes objects accept a
+    finalizer (memoryviews and numpy arrays made from buffers do not), and every array unpickled
+    from a slice keeps the slice, so the array, the slice and the ctypes object die together."""
+    total = sum(_round_up(n) for n in sizes)
+    lease = (ctypes.c_ubyte * max(total, 1)).from_buffer(view, off + HEADER)
+    weakref.finalize(lease, view.__setitem__, off, RELEASED)
+    data = memoryview(lease).cast("B").toreadonly()
+    out, pos = [], 0
+    for n in sizes:
+        out.append(data[pos : pos + n])
+        pos += _round_up(n)
+    return out
 
 
 def release(desc: Descriptor) -> None:

@@ -51,7 +51,7 @@ class Cluster:
     started_here: bool = False
     local: bool = False
     # How a worker calls a worker of another group in another process of its node (Peer):
-    # "direct" over a Unix socket (rlweave.cluster.direct), or "ray" (an actor call).
+    # "direct" over a Unix socket (rlweave.utils.direct), or "ray" (an actor call).
     peer_calls: str = "direct"
 
     # ------------------------------------------------------------------ construction

@@ -14,7 +14,7 @@ import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rlweave.cluster import direct
+from rlweave.utils import direct
 from rlweave.cluster.cluster import Cluster
 from rlweave.cluster.errors import WorkerError
 from rlweave.cluster.placement import Slot

@@ -10,7 +10,7 @@ from typing import Any
 
 import ray
 
-from rlweave.cluster import direct
+from rlweave.utils import direct
 from rlweave.cluster.errors import PROCESS_DIED, WorkerError
 from rlweave.cluster.worker import local_worker
 
@@ -38,7 +38,7 @@ class Peer:
     stage (an env worker asking a rollout worker for actions). When the peer lives in the caller's
     process (fused hosts, local mode) a call is a plain function call; when it lives in another
     process of the caller's node and ``direct`` is set, a call goes over a Unix socket to that
-    process (:mod:`rlweave.cluster.direct`: ~10x less CPU per call than Ray's); otherwise it is
+    process (:mod:`rlweave.utils.direct`: ~10x less CPU per call than Ray's); otherwise it is
     one Ray call to the peer's host. A request costs one round trip and several can be in flight.
     ``result`` returns ``(value, seconds the peer spent)``; a failure in the peer re-raises the
     peer's own :class:`WorkerError`."""

@@ -1,1 +1,2 @@
-"""Run outputs shared by every runner: metrics, traces, progress, checkpoints."""
+"""Helpers below every layer: run outputs (metrics, traces, progress, checkpoints), observation
+trees, and node-local direct calls between processes."""

@@ -72,56 +72,69 @@ def _recv(conn: Connection) -> Any:
     return pickle.loads(head, buffers=buffers)
 
 
-def serve(run: Callable[[str, str, tuple, dict], tuple[Any, float]], on_thread_start: Callable[[], None] = lambda: None) -> tuple[str, bytes]:
+def serve(run: Callable[[str, str, tuple, dict], tuple[Any, float]], on_thread_start: Callable[[], None] = lambda: None,
+          after_hangup: frozenset[str] = frozenset()) -> tuple[str, bytes]:
     """Starts this process's listener (once) and returns ``(address, authkey)``. ``run(group,
     method, args, kwargs)`` executes one call and returns ``(value, seconds)`` or raises (the host's
-    ``run``); ``on_thread_start`` runs first on every executor thread (per-thread CPU flags)."""
+    ``run``); ``on_thread_start`` runs first on every executor thread (per-thread CPU flags).
+    ``after_hangup``: the methods whose requests still run once their caller has closed the
+    connection (a channel's pipelined puts: sent means done, as with a Ray call); any other request
+    of a caller that has gone is dropped (nobody takes its reply)."""
     global _SERVER
     with _SERVER_LOCK:
         if _SERVER is None:
             authkey = secrets.token_bytes(32)
             address = f"\0rlweave-{os.getpid()}-{secrets.token_hex(8)}"
             listener = Listener(address, family="AF_UNIX", authkey=authkey)
-            threading.Thread(target=_accept_loop, args=(listener, run, on_thread_start), daemon=True, name="rlweave-direct-accept").start()
+            threading.Thread(target=_accept_loop, args=(listener, run, on_thread_start, after_hangup), daemon=True,
+                             name="rlweave-direct-accept").start()
             _SERVER = (address, authkey)
         return _SERVER
 
 
-def _accept_loop(listener: Listener, run, on_thread_start) -> None:
+def _accept_loop(listener: Listener, run, on_thread_start, after_hangup: frozenset[str]) -> None:
     while True:
         try:
             conn = listener.accept()
         except Exception:  # noqa: BLE001 - a caller that failed authentication or hung up early
             continue
         requests: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=_read_loop, args=(conn, requests), daemon=True, name="rlweave-direct-read").start()
-        threading.Thread(target=_execute_loop, args=(conn, requests, run, on_thread_start), daemon=True, name="rlweave-direct-exec").start()
+        hung_up = threading.Event()
+        threading.Thread(target=_read_loop, args=(conn, requests, hung_up), daemon=True, name="rlweave-direct-read").start()
+        threading.Thread(target=_execute_loop, args=(conn, requests, hung_up, run, on_thread_start, after_hangup), daemon=True,
+                         name="rlweave-direct-exec").start()
 
 
-def _read_loop(conn: Connection, requests: queue.SimpleQueue) -> None:
+def _read_loop(conn: Connection, requests: queue.SimpleQueue, hung_up: threading.Event) -> None:
     while True:
         try:
             requests.put(_recv(conn))
         except (EOFError, OSError):
+            hung_up.set()
             requests.put(None)  # the caller hung up
             return
 
 
-def _execute_loop(conn: Connection, requests: queue.SimpleQueue, run, on_thread_start) -> None:
+def _execute_loop(conn: Connection, requests: queue.SimpleQueue, hung_up: threading.Event, run, on_thread_start,
+                  after_hangup: frozenset[str]) -> None:
     on_thread_start()
     while (request := requests.get()) is not None:
         rid, group, method, args = request
+        if hung_up.is_set() and method not in after_hangup:
+            continue  # its caller has gone: running it could only lose what it takes
         try:
             reply = (rid, True, run(group, method, args, {}))
         except BaseException as e:  # noqa: BLE001 - sent back to the caller, who re-raises it
             reply = (rid, False, e)
+        if hung_up.is_set():
+            continue
         try:
             try:
                 _send(conn, reply)  # pickles the whole reply before sending any of it
             except (pickle.PicklingError, TypeError, AttributeError, BufferError) as e:  # an unpicklable result
                 _send(conn, (rid, False, RuntimeError(f"{method}() returned a value that cannot be sent: {e!r}")))
         except OSError:
-            return  # the caller hung up
+            hung_up.set()  # the caller hung up: what it sent before still runs if after_hangup allows
     conn.close()
 
 
