@@ -134,7 +134,7 @@ def profile_item(ch, nbytes: int, n: int = 40) -> dict:
     channel actor (the descriptor's two hops: call, queue, reply), and the floor, one ``memcpy``
     of the item into memory already faulted in."""
     from rlweave.channel import _shm
-    from rlweave.channel.ray_channel import _shm_or_none
+    from rlweave.channel._encoding import _shm_or_none
 
     arr = np.random.default_rng(0).integers(0, 255, size=nbytes, dtype=np.uint8)
     dst = np.empty_like(arr)
