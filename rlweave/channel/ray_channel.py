@@ -156,17 +156,20 @@ class RayChannel(Channel):
     def with_put_window(self, put_window: int) -> "RayChannel":
         if put_window < 0:
             raise ValueError(f"channel {self.name!r}: put_window must be >= 0, got {put_window}")
-        return RayChannel(self.name, self._actor, self.maxsize, self.ref_threshold, int(put_window), self.transport,
-                          self.get_window, self._direct_address, self.views)
+        return self._variant(put_window=int(put_window))
 
     def with_get_window(self, get_window: int) -> "RayChannel":
         super().with_get_window(get_window)  # validates
-        return RayChannel(self.name, self._actor, self.maxsize, self.ref_threshold, self.put_window, self.transport,
-                          int(get_window), self._direct_address, self.views)
+        return self._variant(get_window=int(get_window))
 
     def with_views(self, views: bool = True) -> "RayChannel":
-        return RayChannel(self.name, self._actor, self.maxsize, self.ref_threshold, self.put_window, self.transport,
-                          self.get_window, self._direct_address, bool(views))
+        return self._variant(views=bool(views))
+
+    def _variant(self, **changes) -> "RayChannel":
+        """A new handle to the same channel with some of this handle's options changed."""
+        options = {"put_window": self.put_window, "transport": self.transport, "get_window": self.get_window,
+                   "direct_address": self._direct_address, "views": self.views, **changes}
+        return RayChannel(self.name, self._actor, self.maxsize, self.ref_threshold, **options)
 
     @classmethod
     def _create(
