@@ -39,6 +39,11 @@ def test_sft_rows_of_tool_use_traces_target_only_the_assistant_turns(tmp_path):
         assert learnt.startswith('<tool_call>{"name": "calculator", "arguments": {"expression": "')
         assert learnt.count("<|im_end|>") == 2 and "The answer is" in learnt
         assert "<tool_response>" in tok.decode(ids) and "<tool_response>" not in learnt  # observations: context only
+    whole = SFTData(tok, read_sft_jsonl(tmp_path / "traces.jsonl", tokenizer=tok), max_tokens=512, loss_on="all").batch(6, seed=0)
+    assert (whole["input_ids"] == batch["input_ids"]).all()  # the same rows; every real token is a target
+    assert (whole["target_mask"] == (whole["input_ids"] != tok.pad_token_id)).all()
+    with pytest.raises(ValueError, match="data.loss_on"):
+        SFTData(tok, read_sft_jsonl(tmp_path / "traces.jsonl", tokenizer=tok), loss_on="observations")
 
 
 def test_agent_tools_are_checked_before_start(tmp_path):

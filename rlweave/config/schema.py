@@ -318,6 +318,10 @@ class DataConfig:
     response_key: str = "response"
     packing: bool = False  # several examples per row (no padding) instead of one padded example per row
     max_tokens: int = positive(256)  # per example (and per packed row)
+    # which tokens the loss covers: responses (assistant turns; prompts and tool observations masked) or all
+    # (language modelling on the whole text: what a model built from a config lacks and a pretrained one has,
+    # e.g. copying a name it has read; the same choice as TRL's assistant_only_loss / completion_only_loss)
+    loss_on: str = choice("responses", "responses", "all")
 
 
 @dataclass

@@ -91,11 +91,14 @@ class SFTData:
     given, from ``task``'s train split answered with the gold answers."""
 
     def __init__(self, tokenizer, examples: list[SFTExample] | None = None, task: TextTask | None = None,
-                 max_tokens: int = 256, packing: bool = False):
+                 max_tokens: int = 256, packing: bool = False, loss_on: str = "responses"):
         if examples is None and task is None:
             raise ValueError("data.path: SFT needs a JSONL file or a task to draw examples from")
         self.tok, self.examples, self.task = tokenizer, examples, task
         self.max_tokens, self.packing = int(max_tokens), bool(packing)
+        if loss_on not in ("responses", "all"):
+            raise ValueError(f"data.loss_on: {loss_on!r}; choose responses or all")
+        self.loss_on = loss_on
         self.truncated = 0
 
     def _draw(self, n: int, seed: int) -> list[SFTExample]:
@@ -111,6 +114,8 @@ class SFTData:
             p = self.tok(ex.prompt, add_special_tokens=False)["input_ids"]
             r = self.tok(ex.response, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
             ids, target = p + r, [False] * len(p) + [True] * len(r)
+        if self.loss_on == "all":  # language modelling on the whole text (observations and prompts too)
+            target = [True] * len(ids)
         if len(ids) > self.max_tokens:  # keep the response, cut the prompt's start
             self.truncated += 1
             ids, target = ids[-self.max_tokens:], target[-self.max_tokens:]

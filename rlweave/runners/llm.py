@@ -123,7 +123,8 @@ class LLMRunner(RunnerBase):
             d = cfg.data
             path = d.path or self._expert_traces()
             examples = read_sft_jsonl(path, d.prompt_key, d.response_key, self.tokenizer) if path else None
-            self.data = SFTData(self.tokenizer, examples, None if examples else self.task, d.max_tokens, d.packing)
+            self.data = SFTData(self.tokenizer, examples, None if examples else self.task, d.max_tokens, d.packing,
+                                d.loss_on)
 
     def _expert_traces(self) -> Path | None:
         """SFT on an agent task without ``data.path``: ``agent.sft_traces`` traces of the task's
