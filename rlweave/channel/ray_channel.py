@@ -437,10 +437,13 @@ class RayChannel(Channel):
             return
         # ray.kill returns before the actor is gone: wait for it, so that no other handle's call
         # can still be served (and get an item) after close() returned
-        deadline = time.monotonic() + 5.0
+        # (a ping that merely times out on a loaded machine proves nothing: only the actor's death ends the wait)
+        deadline = time.monotonic() + 60.0
         while time.monotonic() < deadline:
             try:
                 ray.get(self._actor.ping.remote(), timeout=1.0)
+            except ray.exceptions.GetTimeoutError:
+                continue
             except Exception:  # noqa: BLE001 - the actor is dead: closed
                 return
             time.sleep(0.01)
