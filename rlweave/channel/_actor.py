@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any, Hashable
 
-from ._core import ENC_HELD, Entry, Store, holds_ray_handles
+from ._core import ENC_HELD, ChannelClosed, Entry, Store, holds_ray_handles
 
 OK, FULL, EMPTY = "ok", "full", "empty"
 # what a direct caller may call; the replies of the getters pass through ``_hold``
@@ -54,6 +54,7 @@ class ChannelActor:
         self._held: dict[int, tuple[int, Any]] = {}  # token -> (enc, payload) of entries handed out by token
         self._next_token = 0
         self._direct_calls = 0
+        self._closed = False  # set by close(): every later call is refused, though the process may live on a moment
         self._direct: tuple[str, bytes] | None = None
         if calls == "direct":
             from rlweave.utils import direct
@@ -90,15 +91,29 @@ class ChannelActor:
             return self._held.pop(token)
 
     def _wait(self, deadline: float | None) -> bool:
-        """Under ``self._cond``: wait for a change; False once ``deadline`` (monotonic) has passed."""
+        """Under ``self._cond``: wait for a change; False once ``deadline`` (monotonic) has passed;
+        ChannelClosed when the change was :meth:`close`."""
         if deadline is None:
             self._cond.wait()
-            return True
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        self._cond.wait(remaining)
+        else:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._cond.wait(remaining)
+        self._check_open()
         return True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ChannelClosed(f"channel {self._name!r} is closed")
+
+    def close(self) -> None:
+        """Refuses every call from now on and wakes the waiting ones with ChannelClosed. The client's
+        ``close()`` calls it before it kills the actor: a killed actor's process can still serve a
+        direct call for a moment, and no handle may take an item after ``close()`` returned."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
     @staticmethod
     def _deadline(timeout: float | None) -> float | None:
@@ -125,9 +140,11 @@ class ChannelActor:
         """
         payload, key, weight, version, enc, timeout, producer, pseq = msg
         with self._cond:
+            self._check_open()
             if producer is not None:
                 while self._next_pseq.get(producer, 0) != pseq:
                     self._cond.wait()
+                    self._check_open()
             try:
                 if self._store.full():
                     if timeout == 0:
@@ -152,6 +169,7 @@ class ChannelActor:
         """Like :meth:`get` for the first entry, then up to ``limit`` in all of those already
         there (oldest first): a consumer's get window (``Channel.with_get_window``)."""
         with self._cond:
+            self._check_open()
             deadline = None if not timeout else self._deadline(timeout)
             while True:
                 entry = self._store.pop(key)
@@ -174,6 +192,7 @@ class ChannelActor:
         taken: list[Entry] = []
         weight = 0.0
         with self._cond:
+            self._check_open()
             deadline = None if not timeout else self._deadline(timeout)
             try:
                 while True:
@@ -193,6 +212,7 @@ class ChannelActor:
 
     def qsize(self, key: Hashable = None) -> int:
         with self._cond:
+            self._check_open()
             return self._store.qsize(key)
 
     def stats(self) -> dict:

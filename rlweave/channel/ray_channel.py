@@ -56,6 +56,7 @@ from ._core import (
     ENC_PICKLED,
     ENC_REF,
     ENC_SHM,
+    ChannelClosed,
     Entry,
     Envelope,
     check_target,
@@ -300,12 +301,15 @@ class RayChannel(Channel):
                 raise self._closed_error() from None
             if ok:
                 return payload[0]
+            if isinstance(payload, ChannelClosed):  # the actor was closed by another handle
+                self._closed = True
+                raise self._closed_error() from None
             raise payload
         import ray
 
         try:
             return ray.get(pending)
-        except ray.exceptions.RayActorError:
+        except (ray.exceptions.RayActorError, ChannelClosed):  # dead, or closed (Ray raises the actor's error as its class)
             self._closed = True
             raise self._closed_error() from None
 
@@ -431,6 +435,10 @@ class RayChannel(Channel):
         self._connections.clear()
         import ray
 
+        try:  # refuse every call first: the killed process may still serve another handle's direct call a moment
+            ray.get(self._actor.close.remote(), timeout=2.0)
+        except Exception:  # noqa: BLE001 - dead already, or all its threads blocked: the kill below still ends it
+            pass
         try:
             ray.kill(self._actor, no_restart=True)
         except Exception:
