@@ -117,7 +117,11 @@ def test_every_answer_is_reached_by_following_the_hops_through_the_documents(cor
     company = re.fullmatch(r"In which region was the founder of (.+) born\?", q["question"]).group(1)
     founder = re.search(r" by (.+?)\. ", by_title[company]).group(1)
     city = re.search(r" was born in \d+ in (.+?)\.$", by_title[founder]).group(1)
-    assert re.search(r"in the region of (.+?)\.", by_title[city]).group(1) == q["answer"]
+    assert re.search(r"in the region of (.+?),", by_title[city]).group(1) == q["answer"]
+    # every year and founder is stated twice, as names are (a second mention teaches copying the first)
+    for d in docs.values():
+        facts = re.findall(r"\b\d{4}\b", d["text"]) + re.findall(r" by (.+?)[.;]", d["text"])
+        assert facts and all(d["text"].count(f) == 2 for f in facts)
 
 
 def test_test_questions_share_no_person_or_company_with_train_questions(corpus):
@@ -138,6 +142,10 @@ def test_multihop_task_makes_its_corpus_on_first_use_filters_hops_and_refuses_a_
     assert not {p.id for p in task.prompts("train", 500, 0)} & {p.id for p in task.prompts("test", 500, 0)}
     p = prompts[0]
     assert task.reward(p, f"The answer is {p.answer.upper()}.") == 1.0 and task.reward(p, "The answer is Nowhere.") == 0.0
+    assert task.tool_entries()[0]["k"] == 3  # task.search_k's default
+    with pytest.raises(ValueError, match=r"^task.search_k: .* got 0"):
+        make_task({"name": "multihop", "corpus": str(tmp_path / "new"), "entities": N, "corpus_seed": 3,
+                   "test_fraction": 0.2, "search_k": 0})
     with pytest.raises(TaskDataError, match=r"^task.corpus: .* was made with entities=60 \(config 61\)"):
         make_task({"name": "multihop", "corpus": str(tmp_path / "new"), "entities": N + 1, "corpus_seed": 3,
                    "test_fraction": 0.2})
@@ -156,6 +164,14 @@ def test_two_hop_expert_trace_retrieves_the_needed_documents_with_bm25(corpus):
             for doc_id, result in zip(p.meta["docs"], results):
                 assert f"(id: {doc_id})" in result  # the hop's page was among the BM25 hits
             assert task.reward(p, trace[-1]["content"]) == 1.0
+    finally:
+        box.close()
+    one = MultihopTask(corpus, hops=[2], entities=N, seed=3, test_fraction=0.2, search_k=1)
+    box = one.make_toolbox()
+    try:  # one passage a search: the scripted query's page comes first
+        trace = one.expert_trace(p, box)
+        results = [m["content"] for m in trace if m["role"] == "tool"]
+        assert all(r.count("(id: ") == 1 for r in results) and one.reward(p, trace[-1]["content"]) == 1.0
         lost = Prompt(id="x", text="?", answer="y", meta={**p.meta, "queries": ["qqqq zzzz", "qqqq"]})
         with pytest.raises(ExpertMiss, match="prompt x: search"):
             task.expert_trace(lost, box)

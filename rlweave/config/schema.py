@@ -296,6 +296,7 @@ class TaskConfig:
     entities: int = positive(300)  # multihop: people in a newly made corpus (companies and cities in proportion)
     corpus_seed: int = 0  # multihop: seed of a newly made corpus (independent of the run's seed)
     test_fraction: float = field(default=0.1, metadata={"min": 0, "max": 1})
+    search_k: int = positive(3)  # multihop: passages a search returns by default (each ~50 tokens of the episode)
     train_file: Optional[str] = None  # jsonl_qa: {question, answer} per line
     test_file: Optional[str] = None
     question_key: str = "question"

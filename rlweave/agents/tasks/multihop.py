@@ -23,7 +23,8 @@ Files in the corpus folder (``python -m rlweave.agents.tasks.multihop --out DIR 
 query per hop (the expert's); answers compare exactly after normalisation (case, spaces, a final dot).
 
 Config: ``task.name: multihop``, ``task.corpus: DIR``, ``task.hops: [1, 2]``, ``task.entities``,
-``task.corpus_seed``, ``task.test_fraction``.
+``task.corpus_seed``, ``task.test_fraction``, ``task.search_k`` (passages a search returns unless the
+call asks for another ``k``: each passage costs ~50 tokens of the episode's ``agent.max_tokens``).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from rlweave.envs.text_tasks import Prompt, TaskDataError, TextTask, read_jsonl
 
 __all__ = ["MultihopTask", "make_corpus", "build", "FORMAT"]
 
-FORMAT = 1  # bump when the generator's output changes, so an old folder is refused, not silently mixed
+FORMAT = 2  # bump when the generator's output changes, so an old folder is refused, not silently mixed
 HOPS = (1, 2, 3)
 
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "st", "th",
@@ -88,19 +89,24 @@ def _generate(n_people: int, seed: int) -> tuple[list[dict], list[dict]]:
         companies.append({"id": f"company{i:05d}", "name": f"{names.word()} {rng.choice(_COMPANY_SUFFIXES)}",
                           "founder": founder, "year": founder["year"] + rng.randint(20, 45),
                           "hq": rng.choice(cities), "industry": rng.choice(_INDUSTRIES)})
+    # each year and each founder is stated twice, as every name is: with the loss on the passages'
+    # tokens, a second mention is learned by copying the first, which is the skill an answer needs
+    # (with years stated once, a warm-up never learned to copy one: docs/results.md, grpo-search)
     docs = []
     for c in cities:
         docs.append({"id": c["id"], "title": c["name"],
-                     "text": f"{c['name']} is a city in the region of {c['region']}. {c['name']} was founded in "
-                             f"{c['founded']}."})
+                     "text": f"{c['name']} is a city in the region of {c['region']}, founded in {c['founded']}. "
+                             f"{c['name']} was founded in {c['founded']}."})
     for p in people:
         # no link back to a founded company: the company's page is the only way from it to its founder
         docs.append({"id": p["id"], "title": p["name"],
-                     "text": f"{p['name']} is a {p['profession']}. {p['name']} was born in {p['year']} in {p['city']['name']}."})
+                     "text": f"{p['name']} is a {p['profession']}, born in {p['year']}. {p['name']} was born in {p['year']} "
+                             f"in {p['city']['name']}."})
     for c in companies:
         docs.append({"id": c["id"], "title": c["name"],
                      "text": f"{c['name']} is a {c['industry']} company founded in {c['year']} by {c['founder']['name']}. "
-                             f"The headquarters of {c['name']} are in {c['hq']['name']}."})
+                             f"{c['name']} was founded in {c['year']} by {c['founder']['name']}; "
+                             f"the headquarters of {c['name']} are in {c['hq']['name']}."})
     return docs, _questions(cities, people, companies)
 
 
@@ -190,10 +196,13 @@ class MultihopTask(AgentTask, TextTask):
     tools = ("search",)
 
     def __init__(self, corpus: str | Path, hops: Sequence[int] = (1, 2), entities: int = 300, seed: int = 0,
-                 test_fraction: float = 0.1):
+                 test_fraction: float = 0.1, search_k: int = 3):
         bad = [h for h in hops if h not in HOPS]
         if not hops or bad:
             raise ValueError(f"task.hops: {bad or 'none given'}; choose from {', '.join(map(str, HOPS))}")
+        if int(search_k) < 1:
+            raise ValueError(f"task.search_k: passages a search returns must be >= 1, got {search_k}")
+        self.search_k = int(search_k)
         self.dir, self.hops = Path(corpus), tuple(sorted(set(int(h) for h in hops)))
         meta_path = self.dir / "meta.json"
         if not meta_path.is_file():
@@ -230,7 +239,7 @@ class MultihopTask(AgentTask, TextTask):
         return self._docs
 
     def tool_entries(self) -> list:
-        return [{"name": "search", "corpus": str(self.docs_dir)}]
+        return [{"name": "search", "corpus": str(self.docs_dir), "k": self.search_k}]
 
     def expert_calls(self, prompt: Prompt) -> list[ExpertCall]:
         """One search per hop, with the hop's scripted query; each result must contain the text of the
@@ -245,7 +254,8 @@ def build(cfg: dict) -> MultihopTask:
     if not cfg.get("corpus"):
         raise TaskDataError("task.corpus: multihop needs a folder for its generated corpus (made there when missing)")
     return MultihopTask(cfg["corpus"], hops=tuple(cfg.get("hops") or (1, 2)), entities=cfg.get("entities", 300),
-                        seed=cfg.get("corpus_seed", 0), test_fraction=cfg.get("test_fraction", 0.1))
+                        seed=cfg.get("corpus_seed", 0), test_fraction=cfg.get("test_fraction", 0.1),
+                        search_k=cfg.get("search_k", 3))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
