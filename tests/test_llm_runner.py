@@ -238,7 +238,8 @@ def test_two_actor_ranks_sync_full_weights_checkpoint_on_rank_0_and_resume(tmp_p
     """Two actor ranks over gloo, sharded (FSDP2) or replicated (DDP): the full weights reach the
     rollout engine (checksum-verified every iteration), checkpoints hold the full state (rank 0)
     whatever the rank count, and a stopped run resumes on two ranks to the same values as an
-    uninterrupted one."""
+    uninterrupted one (sharded only: the replicated checkpoint is the same gathered state, and
+    CI's time is short)."""
     two = [*RL, "actor.num_workers=2", "placement.groups.actor.slots=0-1", "placement.groups.actor.threads=1",
            "placement.groups.rollout.threads=1", "placement.mode=hybrid", "run.deterministic=true",
            f"actor.strategy={strategy}"]
@@ -253,6 +254,8 @@ def test_two_actor_ranks_sync_full_weights_checkpoint_on_rank_0_and_resume(tmp_p
     exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "whole" / "model").state_dict()
     for k, v in exported.items():  # the export and the checkpoint hold the same full weights
         torch.testing.assert_close(state[0]["policy"][f"model.{k}"], v, rtol=0, atol=0)
+    if strategy != "fsdp":
+        return
     stopped = LLMRunner(_cfg("grpo-arith", *two), tmp_path / "part")
     stopped.run(on_iteration=lambda r, rec: r.request_stop() if r.iteration == 1 else None)
     LLMRunner(_cfg("grpo-arith", *two), tmp_path / "part", resume=True).run()
