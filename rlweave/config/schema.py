@@ -308,6 +308,10 @@ class TaskConfig:
     max_prompt_tokens: int = positive(256)
     prompt_overflow: str = choice("drop", "drop", "truncate")  # prompts longer than max_prompt_tokens
     eval_prompts: int = positive(200)  # held-out prompts per evaluation (greedy)
+    # a prompt meta key (multihop: kind): train prompts are drawn per value of it, in proportion to its
+    # recent training failure rate (at least curriculum_floor), so a kind the policy forgot gets groups again
+    curriculum: Optional[str] = None
+    curriculum_floor: float = field(default=0.05, metadata={"min": 0, "max": 1})
 
 
 @dataclass

@@ -81,6 +81,11 @@ class TextTask:
             return rng.sample(pool, n)
         return [rng.choice(pool) for _ in range(n)]
 
+    def pool(self, split: str) -> list[Prompt]:
+        """Every prompt of ``split`` (``NotImplementedError`` for tasks that generate prompts as
+        they are drawn, such as arithmetic)."""
+        return self._pool(split)
+
     def _pool(self, split: str) -> list[Prompt]:
         raise NotImplementedError
 

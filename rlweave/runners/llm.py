@@ -29,6 +29,7 @@ from omegaconf import OmegaConf
 from rlweave.algorithms.llm import kl_penalty, overlong_penalty, token_advantages
 from rlweave.cluster import Cluster, WorkerGroup, make_plan
 from rlweave.config import ConfigError
+from rlweave.envs.prompt_curriculum import PromptCurriculum
 from rlweave.envs.text_tasks import Prompt, make_task
 from rlweave.runners.common import Budget, RunnerBase
 from rlweave.runners.layouts import llm_layout_candidates
@@ -54,6 +55,8 @@ class LLMRunner(RunnerBase):
         self.spec = check_llm(self.cfg)
         self.sft = self.spec.kind == "sft"
         self.task = make_task(OmegaConf.to_container(self.cfg.task))
+        t = self.cfg.task  # a curriculum over kinds of train prompts (rlweave/envs/prompt_curriculum.py)
+        self.curriculum = PromptCurriculum(self.task, t.curriculum, t.curriculum_floor) if t.curriculum and not self.sft else None
         self.updates = 0
         self.version = 0
         self._pending = None  # async PPO: the next batch's generation, in flight
@@ -236,7 +239,9 @@ class LLMRunner(RunnerBase):
         rollout worker its share; returns (prompts, handle, dropped, truncated)."""
         cfg = self.cfg
         seed = (cfg.seed * 1_000_003 + it) * 16 + rounds
-        prompts, dropped, truncated = self._fit_prompts(self.task.prompts("train", cfg.rollout.prompts_per_iteration, seed))
+        n = cfg.rollout.prompts_per_iteration
+        drawn = self.curriculum.draw(n, seed) if self.curriculum else self.task.prompts("train", n, seed)
+        prompts, dropped, truncated = self._fit_prompts(drawn)
         if not prompts:
             raise ValueError(f"task.max_prompt_tokens: all {dropped} prompts drawn were longer than "
                              f"{cfg.task.max_prompt_tokens} tokens and dropped (raise it, or task.prompt_overflow=truncate)")
@@ -329,7 +334,7 @@ class LLMRunner(RunnerBase):
             self._sync_after_update()
         record = {"iteration": it, "env_steps": self.env_steps, **clock.record(),
                   "train/prompts_dropped": dropped, "train/prompts_truncated": truncated, "train/sampling_rounds": rounds,
-                  "train/stale_groups_dropped": stale,
+                  "train/stale_groups_dropped": stale, **(self.curriculum.metrics() if self.curriculum else {}),
                   **rl_metrics(batch, scored, scores, kl, outs, clock.times, a.epochs, self.version)}
         if self._layouts is not None:
             record["plan/layout"] = self._layouts.index
@@ -391,10 +396,11 @@ class LLMRunner(RunnerBase):
         last: list[dict] = []
         dropped = truncated = rounds = 0
         while rounds < (a.max_sampling_rounds if a.dynamic_sampling else 1):
-            _, handle, d, t = self._issue_generation(it, rounds)
+            prompts, handle, d, t = self._issue_generation(it, rounds)
             rounds += 1
             dropped, truncated = dropped + d, truncated + t
             last = [grp for g in handle.wait() for grp in groups_of(g, a.group_size)]
+            self._observe(prompts, last)
             kept.extend(grp for grp in last if not a.dynamic_sampling or grp["informative"])
             if not a.dynamic_sampling or len(kept) >= want:
                 break
@@ -408,8 +414,9 @@ class LLMRunner(RunnerBase):
         versions are dropped and counted (:func:`~rlweave.runners.llm_batches.fresh_groups`)."""
         if self._pending is None:
             self._pending = self._issue_generation(it)
-        _, handle, dropped, truncated = self._pending
+        prompts, handle, dropped, truncated = self._pending
         groups = [grp for g in handle.wait() for grp in groups_of(g, self.cfg.algorithm.group_size)]
+        self._observe(prompts, groups)
         if self._pending_sync is not None:
             packet, h = self._pending_sync
             verify_sync(packet, h.wait())
@@ -422,6 +429,11 @@ class LLMRunner(RunnerBase):
         return groups, dropped, truncated, 1, stale
 
     # ------------------------------------------------------------------ evaluation, checkpoints
+    def _observe(self, prompts: list[Prompt], groups: list[dict]) -> None:
+        """Feeds the curriculum one round's training rewards (one group per prompt, in order)."""
+        if self.curriculum is not None and len(groups) == len(prompts):
+            self.curriculum.observe(prompts, ([r["reward"] for r in g["rows"]] for g in groups))
+
     def evaluate(self) -> dict:
         """Greedy answers of the rollout engines (holding the latest weights) to the held-out prompts."""
         outs = self.rollout.evaluate(self.eval_prompts)
@@ -466,7 +478,8 @@ class LLMRunner(RunnerBase):
 
     def _parts(self) -> dict:
         state = self._driver_state()
-        state.update(updates=self.updates, version=self.version, best_eval=self._best_eval)
+        state.update(updates=self.updates, version=self.version, best_eval=self._best_eval,
+                     curriculum=self.curriculum.state_dict() if self.curriculum else None)
         return {"runner": state, "actor": self.actor.state_dict()}
 
     def _restore_parts(self, state: dict, remap_ranks: bool = False) -> None:
@@ -481,6 +494,8 @@ class LLMRunner(RunnerBase):
         self.actor.load_state_dict(shards)
         self.updates, self.version = state["runner"]["updates"], state["runner"]["version"]
         self._best_eval = state["runner"].get("best_eval")
+        if self.curriculum is not None and state["runner"].get("curriculum"):
+            self.curriculum.load_state_dict(state["runner"]["curriculum"])
         self._pending = self._pending_sync = None
         self._logged_initial_eval = True
 
