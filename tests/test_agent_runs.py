@@ -77,3 +77,32 @@ def test_grpo_calc_style_run_warms_up_on_traces_then_trains_multi_turn(tmp_path)
     assert first["rollout/logprob_gap"] < 1e-4
     assert runner.tokenizer.chat_template and (tmp_path / "run" / "model" / "config.json").is_file()
     assert Path(tmp_path / "run" / "sft" / "model" / "tokenizer_config.json").is_file()
+
+
+def test_a_curriculum_over_question_kinds_is_logged_checkpointed_and_resumed_exactly(tmp_path):
+    """grpo-search with ``task.curriculum=kind`` (tiny, from random weights): every iteration logs
+    each kind's share of the next draw; a run stopped after iteration 1 and resumed draws and
+    scores iteration 2 as the uninterrupted run does (the kinds' success rates are in the checkpoint).
+    The reward is the prompt's kind (a random model answers nothing), so the kinds' rates differ."""
+    overrides = [*TINY, f"task.corpus={tmp_path / 'corpus'}", "task.entities=60", "task.curriculum=kind",
+                 "init.sft_recipe=null", "rollout.prompts_per_iteration=8", "algorithm.group_size=2",
+                 "algorithm.minibatch_size=16", "algorithm.micro_batch_size=16", "rollout.max_new_tokens=8",
+                 "agent.max_tokens=48", "agent.max_turns=2", "rollout.temperature=1.0", "run.deterministic=true",
+                 "train.total_iterations=2", "train.eval_every=0", "train.checkpoint_every=1",
+                 "task.reward_fn=tests.test_agent_runs:reward_by_kind", "task.reward_on_error=raise"]
+    LLMRunner(load_config("grpo-search", overrides), tmp_path / "whole").run()
+    whole = read_metrics(tmp_path / "whole")
+    shares = [{k: v for k, v in r.items() if k.startswith("curriculum/")} for r in whole]
+    assert len(shares) == 2 and all(len(s) > 3 and sum(s.values()) == pytest.approx(1.0) for s in shares)
+    assert len(set(shares[0].values())) > 1  # the person questions (reward 1) are drawn less from iteration 2 on
+    stopped = LLMRunner(load_config("grpo-search", overrides), tmp_path / "part")
+    stopped.run(on_iteration=lambda r, rec: r.request_stop() if r.iteration == 1 else None)
+    resumed = LLMRunner(load_config("grpo-search", overrides), tmp_path / "part", resume=True)
+    resumed.run()
+    keep = lambda r: {k: v for k, v in r.items() if k.startswith(("curriculum/", "train/reward", "env_steps"))}  # noqa: E731
+    assert [keep(r) for r in read_metrics(tmp_path / "part")] == [keep(r) for r in whole]
+
+
+def reward_by_kind(prompt, response: str) -> float:
+    """task.reward_fn of the curriculum test: 1 for questions about a person, whatever the answer."""
+    return float(prompt.meta["kind"].startswith("person"))
