@@ -265,6 +265,47 @@ def test_error_in_init_names_rank_and_leaves_no_host_processes(cluster, group):
     assert _live_hosts() - before == set()
 
 
+class SlowInit(Worker):
+    """A constructor that takes a while, then leaves state a call reads."""
+
+    def __init__(self, seconds: float):
+        time.sleep(seconds)
+        self.built = ("built", self.rank)
+
+    def state(self):
+        return self.built
+
+
+def test_groups_started_without_waiting_build_side_by_side_and_calls_wait_for_them(cluster):
+    """``wait=False`` returns while the constructors run; the first call waits for them (a host
+    runs calls on several threads, so without the wait it would find no worker), and both groups
+    were built in their own processes at the same time."""
+    t0 = time.monotonic()
+    a = WorkerGroup(SlowInit, two_slots("slow_a"), cluster, args=(3.0,), wait=False)
+    b = WorkerGroup(SlowInit, GroupPlacement("slow_b", [Slot(0, 0)]), cluster, args=(3.0,), wait=False)
+    try:
+        assert time.monotonic() - t0 < 2.5, "wait=False waited for the constructors"
+        assert a.run("state") == [("built", 0), ("built", 1)]
+        assert b.call("state").wait() == [("built", 0)]
+        assert b.ready() is b and a.ready() is a  # already built: returns at once
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
+def test_a_failed_start_without_waiting_raises_on_every_call_and_leaves_no_host_processes(cluster, group):
+    before = _live_hosts()
+    g = WorkerGroup(BadInit, two_slots("badinit_nowait"), cluster, wait=False)
+    for attempt in (lambda: g.call("__init__"), g.ready, lambda: g.host_info("pid")):
+        with pytest.raises(WorkerError) as info:
+            attempt()
+        assert (info.value.group, info.value.rank, info.value.method) == ("badinit_nowait", 1, "__init__")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _live_hosts() - before:
+        time.sleep(0.2)
+    assert _live_hosts() - before == set()
+
+
 def test_unimportable_worker_class_error_carries_the_cause(cluster):
     """When the host cannot even unpickle the call (class from a module the workers cannot
     import), the WorkerError must still say why, not only where."""

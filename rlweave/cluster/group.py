@@ -10,6 +10,11 @@ a :class:`~rlweave.cluster.handle.Handle`) and ``group.call_each`` stay for test
 own start-up calls. Groups placed on the same slots can share host processes
 (``colocate_with=``), as veRL's colocated worker classes do: calls between them cost a function
 call instead of an inter-process hop.
+
+``WorkerGroup(..., wait=False)`` returns as soon as the group's processes and constructors are
+under way, and the group's first call (or :meth:`WorkerGroup.ready`) waits for them: a runner that
+makes its groups this way starts them side by side instead of one after another (each host process
+takes 1.5-2.5 s to start and import torch, and the learner's constructor as long again).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class WorkerGroup:
         colocate_with: "WorkerGroup | None" = None,
         init_dist: bool = False,
         name: str | None = None,
+        wait: bool = True,
     ):
         clashes = [m for m in declared_methods(cls) if hasattr(WorkerGroup, m) or m in _INSTANCE_ATTRIBUTES]
         if clashes:
@@ -67,21 +73,38 @@ class WorkerGroup:
             self.hosts = colocate_with.hosts
             self.host_groups = colocate_with.host_groups  # shared, so both groups' errors name both
             self.host_groups.append(self.name)
+            colocate_with.ready()  # its constructors first: a host runs calls on several threads
         else:
             self.hosts = [self._start_host(placement.slots[r], placement) for r in range(n)]
             self.host_groups = [self.name]
         contexts = [self._context(r, placement) for r in range(n)]
         kwargs = dict(kwargs or {})
+        refs = [self._host_call(h, "add_worker", self.name, cls, ctx, tuple(args), kwargs) for h, ctx in zip(self.hosts, contexts)]
+        self._pending_init: Handle | None = Handle(self.name, "__init__", list(range(n)), refs)
+        if wait:
+            self.ready()
+
+    def ready(self) -> "WorkerGroup":
+        """Waits until every rank's constructor has run (and, with ``init_dist``, the ranks have
+        joined their torch.distributed group). A failure raises its :class:`WorkerError` (naming
+        ``__init__`` and the rank) after the hosts this group started are killed, so a half-built
+        group leaves no processes behind; every later call raises the same way."""
+        failed = self.__dict__.get("_start_error")
+        if failed is not None:
+            raise failed  # the start's error again: never a call into killed processes
+        init, self._pending_init = self.__dict__.get("_pending_init"), None
+        if init is None:
+            return self
         try:
-            refs = [self._host_call(h, "add_worker", self.name, cls, ctx, tuple(args), kwargs) for h, ctx in zip(self.hosts, contexts)]
-            Handle(self.name, "__init__", list(range(n)), refs).wait()
-            if init_dist and n > 1:
+            init.wait()
+            if self.has_dist and self.world_size > 1:
                 host, port = self.call("dist_address", ranks=[0]).wait()[0]
                 self.call("init_dist", host, port).wait()
-        except BaseException:
-            if colocate_with is None:  # hosts we started die with the failed group, not at GC time
-                self.shutdown()
+        except BaseException as e:
+            self.shutdown()  # hosts we started die with the failed group, not at GC time
+            self._start_error = e
             raise
+        return self
 
     @property
     def world_size(self) -> int:
@@ -101,6 +124,7 @@ class WorkerGroup:
         return GroupMethod(self, name, spec)
 
     def _submit(self, method: str, spec: Dispatch, args: tuple, kwargs: dict) -> Handle:
+        self._ready_for_calls()
         calls = plan_calls(spec, self, method, args, kwargs)
         pending = [self._host_call(self.hosts[r], "run", self.name, method, a, kw) for r, a, kw in calls]
         return Handle(self.name, method, [r for r, _, _ in calls], pending, self.host_groups,
@@ -110,6 +134,7 @@ class WorkerGroup:
         """Runs ``method(*args, **kwargs)`` on every rank (or ``ranks``); returns a handle."""
         ranks = list(range(self.world_size)) if ranks is None else list(ranks)
         self._check_method(method)
+        self._ready_for_calls()
         pending = [self._host_call(self.hosts[r], "run", self.name, method, args, kwargs) for r in ranks]
         return Handle(self.name, method, ranks, pending, self.host_groups)
 
@@ -119,6 +144,7 @@ class WorkerGroup:
         if len(ranks) != len(per_rank_args):
             raise ValueError(f"{self.name}.{method}: {len(per_rank_args)} argument sets for {len(ranks)} ranks")
         self._check_method(method)
+        self._ready_for_calls()
         pending = [self._host_call(self.hosts[r], "run", self.name, method, tuple(a), {}) for r, a in zip(ranks, per_rank_args)]
         return Handle(self.name, method, ranks, pending, self.host_groups)
 
@@ -128,6 +154,7 @@ class WorkerGroup:
 
     def host_info(self, what: str, *args) -> list:
         """Per-rank facts about the host processes (``pid``, ``node_id``, ``environ``)."""
+        self._ready_for_calls()
         pending = [self._host_call(h, what, *args) for h in self.hosts]
         if self.local:
             return [p.result() for p in pending]
@@ -139,6 +166,7 @@ class WorkerGroup:
         process (fused groups) or in local mode, else a Ray reference, which also carries the
         host's direct-call socket unless the cluster's ``peer_calls`` is ``ray`` (a caller on
         another node falls back to Ray calls by itself)."""
+        self._ready_for_calls()
         if self.local or caller_host is self.hosts[rank]:
             return Peer(self.name, rank)
         host = self.hosts[rank]
@@ -152,6 +180,7 @@ class WorkerGroup:
         arguments, and every rank sees the new world size. Ranks that stay keep their process and
         state, so their slots must not change. Groups that share hosts or a torch.distributed
         group are rebuilt instead (``ValueError``)."""
+        self._ready_for_calls()
         old, new = self.placement.num_workers, placement.num_workers
         if not self.owns_hosts or self.has_dist:
             raise ValueError(f"worker group '{self.name}' shares host processes or a distributed group: rebuild it")
@@ -179,6 +208,7 @@ class WorkerGroup:
         if self.owns_hosts:
             self.shutdown()
             return
+        self._ready_for_calls()
         refs = [self._host_call(h, "remove_worker", self.name) for h in self.hosts]
         if refs:
             Handle(self.name, "detach", list(range(len(refs))), refs).wait()
@@ -199,6 +229,10 @@ class WorkerGroup:
         self.hosts = []
 
     # -- internals ----------------------------------------------------------------------------
+    def _ready_for_calls(self) -> None:
+        """A call waits for the constructors: a host would run it beside them, on another thread."""
+        self.ready()
+
     def _check_method(self, method: str) -> None:
         if not callable(getattr(self.cls, method, None)):
             raise AttributeError(f"worker class {self.cls.__name__} (group '{self.name}') has no method '{method}'")

@@ -104,21 +104,15 @@ class LLMRunner(RunnerBase):
                                  args=(self.model_spec, self.tokenizer_path, algo, cfg.seed, cfg.rollout.temperature,
                                        {**OmegaConf.to_container(cfg.actor), **self._strategy_override(),
                                         "max_tokens": cfg.task.max_prompt_tokens + self._response_tokens()}),
-                                 init_dist=True)
+                                 init_dist=True, wait=False)  # a rollout group of its own starts beside it
         self.groups = [self.actor]
         fused = plan.groups["rollout"].slots == plan.groups["actor"].slots
         self.rollout = WorkerGroup(LMRolloutWorker, plan.groups["rollout"], self.cluster,
                                    args=(self.model_spec, self.tokenizer_path, OmegaConf.to_container(cfg.rollout),
                                          OmegaConf.to_container(cfg.task), self.agent_cfg),
-                                   colocate_with=self.actor if fused else None)
+                                   colocate_with=self.actor if fused else None, wait=False)
         self.groups.append(self.rollout)
-        # collocated rank by rank, the engines can generate with their actor rank's own parameters:
-        # the weight sync then moves no bytes (not for async PPO, whose next batch is generated
-        # while this one trains, with the previous weights)
-        self.actor.prepare()
-        self.shared_weights = (fused and not self.spec.asynchronous and self.rollout.world_size == self.actor.world_size
-                               and all(self.rollout.share_actor_weights(self.actor.name)))
-        self.check_prompts(self.tokenizer)
+        self.check_prompts(self.tokenizer)  # driver work (and the expert traces below) while the groups build
         self.eval_prompts = self._fit_prompts(self.task.prompts("test", cfg.task.eval_prompts, EVAL_SEED))[0]
         if self.sft:
             from rlweave.data.sft_data import SFTData, read_sft_jsonl
@@ -128,6 +122,12 @@ class LLMRunner(RunnerBase):
             examples = read_sft_jsonl(path, d.prompt_key, d.response_key, self.tokenizer) if path else None
             self.data = SFTData(self.tokenizer, examples, None if examples else self.task, d.max_tokens, d.packing,
                                 d.loss_on)
+        # collocated rank by rank, the engines can generate with their actor rank's own parameters:
+        # the weight sync then moves no bytes (not for async PPO, whose next batch is generated
+        # while this one trains, with the previous weights)
+        self.actor.prepare()
+        self.shared_weights = (fused and not self.spec.asynchronous and self.rollout.world_size == self.actor.world_size
+                               and all(self.rollout.share_actor_weights(self.actor.name)))
 
     def _expert_traces(self) -> Path | None:
         """SFT on an agent task without ``data.path``: ``agent.sft_traces`` traces of the task's

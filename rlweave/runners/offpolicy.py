@@ -97,8 +97,15 @@ class OffPolicyRunner(RunnerBase):
             OffPolicyActorWorker, plan.groups["actor"], self.cluster,
             args=(algo, self.pkw, OmegaConf.to_container(cfg.critic), self.obs_space, self.act_space, cfg.env.chunk, cfg.seed,
                   self._total_updates(), cfg.actor.precision, cfg.actor.update_threads, cfg.actor.update_helper),
+            wait=False,  # the env group starts while the learner builds
         )
         self.groups.append(self.actor)
+        if not self.offline:
+            self.env = WorkerGroup(
+                EnvWorker, plan.groups["env"], self.cluster,
+                args=(OmegaConf.to_container(cfg.env), cfg.seed, cfg.algorithm.gamma, None, self.trans_spec, 1), wait=False,
+            )
+            self.groups.append(self.env)
         if cfg.actor.precision != "float32":  # resolved by each learner rank on its own device
             for line in dict.fromkeys(self.actor.describe_precision()):
                 print(f"[rlweave] {line}")
@@ -106,13 +113,14 @@ class OffPolicyRunner(RunnerBase):
         offline = cfg.replay.offline_dataset
         share = 1.0 if self.offline else cfg.replay.offline_share if offline else 0.0
         mix = {"offline": share, "online": 1.0 - share} if offline else {"online": 1.0}
+        if offline:  # read while the learner builds
+            data, self.dataset_stats = load_transitions(offline, self.obs_space, self.act_space, cfg.algorithm.gamma)
         self.replay = WorkerGroup(
             ReplayBufferWorker, GroupPlacement("replay", list(plan.groups["actor"].slots)), self.cluster,
             args=(cfg.replay.capacity, cfg.seed, self.trans_spec, mix, ("offline",)), colocate_with=self.actor,
         )
         self.groups.append(self.replay)
         if offline:
-            data, self.dataset_stats = load_transitions(offline, self.obs_space, self.act_space, cfg.algorithm.gamma)
             s = self.dataset_stats
             note = ""
             if cfg.replay.offline_reward_scale == "return_range":
@@ -128,12 +136,6 @@ class OffPolicyRunner(RunnerBase):
             print("[rlweave] offline: no env or rollout workers; the env only evaluates (in the driver)")
             self.env = self.rollout = None
             return
-        env_cfg = OmegaConf.to_container(cfg.env)
-        self.env = WorkerGroup(
-            EnvWorker, plan.groups["env"], self.cluster,
-            args=(env_cfg, cfg.seed, cfg.algorithm.gamma, None, self.trans_spec, 1),
-        )
-        self.groups.append(self.env)
         if self.spec.labelling is not None:  # imitation: the expert lives beside the envs it labels
             im = cfg.imitation
             self.env.configure_expert(im.expert, im.gate if self.spec.labelling == "gated" else "none", im.gate_threshold, im.operator)
@@ -141,7 +143,7 @@ class OffPolicyRunner(RunnerBase):
         self.rollout = WorkerGroup(
             RolloutWorker, plan.groups["rollout"], self.cluster,
             args=(self.pkw, self.obs_space, self.act_space, cfg.env.chunk),
-            colocate_with=self.env if fused else None,
+            colocate_with=self.env if fused else None, wait=False,
         )
         self.groups.append(self.rollout)
         self.env.configure_rollout(self.rollout)

@@ -76,14 +76,9 @@ class OnPolicyRunner(RunnerBase):
             ActorWorker, plan.groups["actor"], self.cluster,
             args=(OmegaConf.to_container(cfg.algorithm), self.pkw, self.obs_space, self.act_space, cfg.env.chunk,
                   cfg.seed, self.traj_spec, max(1, plan.groups["env"].num_workers // n_act)),
-            init_dist=True,
+            init_dist=True, wait=False,  # the env and rollout groups start while the learner builds
         )
         self.groups.append(self.actor)
-        source = self._initial_weights()
-        if source is not None:  # a resume or restart then loads its own checkpoint over these
-            fresh = self.actor.load_initial_weights(initial_policy_state(source))
-            note = f"; {len(fresh)} tensors it lacks start fresh ({', '.join(sorted({k.split('.')[0] for k in fresh}))})" if fresh else ""
-            print(f"[rlweave] policy starts from {source}{note}")
         if cfg.placement.mode == "auto":
             planner = Planner(
                 slots=self.cluster.slots(),
@@ -96,6 +91,11 @@ class OnPolicyRunner(RunnerBase):
         else:
             first = plan_from_groups(plan.groups["env"], plan.groups["rollout"], cfg.rollout.micro_batches)
         self._apply_flow(first, initial=True)
+        source = self._initial_weights()
+        if source is not None:  # a resume or restart then loads its own checkpoint over these
+            fresh = self.actor.load_initial_weights(initial_policy_state(source), cfg.init.obs_stats == "keep")
+            note = f"; {len(fresh)} tensors it lacks start fresh ({', '.join(sorted({k.split('.')[0] for k in fresh}))})" if fresh else ""
+            print(f"[rlweave] policy starts from {source}{note}")
         self.eval_policy = build_policy(observation_space=self.obs_space, action_space=self.act_space, chunk=cfg.env.chunk, **self.pkw)
 
     def _initial_weights(self) -> str | None:
@@ -140,6 +140,7 @@ class OnPolicyRunner(RunnerBase):
                 new_env = WorkerGroup(
                     EnvWorker, self._placement(flow, "env"), self.cluster,
                     args=(env_cfg, cfg.seed + 1_000_003 * self.generation, cfg.algorithm.gamma, None, self.traj_spec, n_act),
+                    wait=False,  # a separate rollout group starts beside it
                 )
             self._start_rollout(flow, new_env)
         except Exception:
@@ -165,7 +166,7 @@ class OnPolicyRunner(RunnerBase):
         rollout = WorkerGroup(
             RolloutWorker, self._placement(flow, "rollout"), self.cluster,
             args=(self.pkw, self.obs_space, self.act_space, self.cfg.env.chunk),
-            colocate_with=env if flow.fused else None,
+            colocate_with=env if flow.fused else None, wait=False,
         )
         self.env, self.rollout, self.flow = env, rollout, flow
         self.groups = [self.actor, env, rollout]
