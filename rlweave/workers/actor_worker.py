@@ -86,6 +86,7 @@ class ActorWorker(Worker):
         self.trajectories_per_rank = trajectories_per_rank
         self.version = 0
         self.iteration = 0
+        self.obs_stats_frozen = False  # set by load_initial_weights (init.obs_stats: keep)
         self.ddp: DistributedDataParallel | None = None
         self.rng = np.random.default_rng(seed * 31 + self.rank)
         torch.manual_seed(seed * 31 + self.rank)
@@ -120,7 +121,7 @@ class ActorWorker(Worker):
         if self.device.type != "cpu":
             batch = batch.to(self.device)
         metrics = self._update(batch, progress, whiten)
-        if self.policy.obs_rms is not None:
+        if self.policy.obs_rms is not None and not self.obs_stats_frozen:
             # Statistics move only after the update, so the update sees the normaliser the rollout
             # used: the stored log-probs stay exactly on-policy.
             self._update_obs_stats(batch["obs"])
@@ -272,14 +273,18 @@ class ActorWorker(Worker):
         return self._critic_mask
 
     @group_method("all", collect="first")
-    def load_initial_weights(self, state: dict) -> list[str]:
+    def load_initial_weights(self, state: dict, keep_obs_stats: bool = True) -> list[str]:
         """Starts from another run's policy weights (``init.checkpoint``). Tensors this policy has
         and the source lacks (a value head an SFT run did not train) keep their fresh values and
         are returned by name; a tensor the source has that this policy lacks, or of another
-        shape, is an error."""
+        shape, is an error. ``keep_obs_stats`` (``init.obs_stats: keep``): observation statistics
+        that came with the weights stay as they are, so the policy computes the function it was
+        trained as."""
         result = self.policy.load_state_dict(state, strict=False)
         if result.unexpected_keys:
             raise ValueError(f"init.checkpoint: its policy has tensors this one lacks: {', '.join(result.unexpected_keys[:5])}")
+        loaded_stats = any(k.startswith("obs_rms.") for k in state) and not any(k.startswith("obs_rms.") for k in result.missing_keys)
+        self.obs_stats_frozen = keep_obs_stats and loaded_stats
         return list(result.missing_keys)
 
     def _accumulate(self, model, mbatch: dict, clip: float, value_only: bool = False) -> tuple[torch.Tensor, dict]:
