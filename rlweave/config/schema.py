@@ -183,6 +183,10 @@ class AlgorithmConfig:
     # (the value loss; the policy's weights, shared layers included, stay exactly as they started), so a value
     # head new to a pretrained policy (a VLA after SFT) is fitted before its advantages move the policy
     critic_warmup_iterations: int = field(default=0, metadata={"min": 0})
+    # on-policy (embodied actor): the iteration's epochs stop early once an epoch's mean approx_kl
+    # exceeds 1.5 x this (SB3's rule); None = every epoch. For policies whose log-probs move fast
+    # per step, such as a flow policy's denoising chain
+    target_kl: Optional[float] = field(default=None, metadata={"min": 0})
     lr: float = field(default=3e-4, metadata={"min": 0})
     lr_anneal: bool = False
     clip_anneal: bool = False

@@ -57,6 +57,8 @@ def check_compatible_policy(cfg: DictConfig):
     check_update_threads(cfg, spec)
     if cfg.algorithm.critic_warmup_iterations and not (spec.kind == "on_policy" and spec.uses_critic):
         raise ConfigError(f"algorithm.critic_warmup_iterations: {spec.name} trains no critic (PPO's value head is what it warms up)")
+    if cfg.algorithm.target_kl is not None and spec.kind != "on_policy":
+        raise ConfigError(f"algorithm.target_kl: {spec.name} takes no epochs of ratio-clipped steps (on-policy PPO/GRPO do)")
     if (spec.kind == "offline" or cfg.runner == "policy_sft") and cfg.train.total_updates < 1:
         raise ConfigError(f"train.total_updates: {spec.name} learns from a dataset alone; give the number of gradient updates (> 0)")
     if cfg.env.num_workers % cfg.actor.num_workers:

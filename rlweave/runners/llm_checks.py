@@ -49,6 +49,8 @@ def check_llm(cfg: DictConfig):
             raise ConfigError(str(e).replace("reward.fn", "task.reward_fn")) from None
     if cfg.model.path and not (Path(cfg.model.path) / "config.json").is_file():
         raise ConfigError(f"model.path: {cfg.model.path} has no config.json (a Hugging Face model folder)")
+    if cfg.algorithm.target_kl is not None:
+        raise ConfigError("algorithm.target_kl: the language-model actor runs every epoch (the embodied on-policy actor stops early)")
     if cfg.init.checkpoint:
         resolve_init(cfg.init.checkpoint)
     if cfg.placement.mode == "auto" and cfg.run.deterministic:

@@ -231,7 +231,11 @@ class ActorWorker(Worker):
         n_mb = B // mb if B >= mb else 1  # full minibatches only (a short tail is left out), or one of all rows
         whiten = whiten and cfg.get("norm_adv", True)
         warmup = self.iteration < self.warmup_iterations
+        target_kl = None if warmup else cfg.get("target_kl")
+        epochs = 0
         for _ in range(cfg["epochs"]):
+            epochs += 1
+            at_epoch_start, count_at_start = sums, count
             perm = torch.from_numpy(self.rng.permutation(B))
             # one gather per epoch, then every minibatch's views in one split per key
             parts = {k: batch[k][perm].split(mb if B >= mb else max(1, B)) for k in keys}
@@ -251,13 +255,28 @@ class ActorWorker(Worker):
                 sums = stacked if sums is None else sums + stacked
                 names = names or list(terms)
                 count += 1
+            if target_kl is not None and self._epoch_kl(sums, at_epoch_start, count - count_at_start, names) > 1.5 * target_kl:
+                break
         totals = [] if sums is None else sums.tolist()
         out = {f"train/{k}": v / max(1, count) for k, v in zip(names, totals)}
         out["train/lr"] = lr
         out["train/updates"] = count
+        out["train/epochs"] = epochs
         if self.warmup_iterations:
             out["train/critic_warmup"] = float(warmup)
         return out
+
+    def _epoch_kl(self, sums: Tensor | None, at_start: Tensor | None, steps: int, names: list[str]) -> float:
+        """Mean ``approx_kl`` of the epoch just run (its minibatches' terms are ``sums - at_start``),
+        averaged over the ranks so that all of them stop after the same epoch."""
+        if sums is None or not steps or "approx_kl" not in names:
+            return 0.0
+        i = names.index("approx_kl")
+        kl = (sums[i] - (at_start[i] if at_start is not None else 0.0)).detach().reshape(1).double() / steps
+        if self.world_size > 1 and dist.is_initialized():
+            dist.all_reduce(kl)
+            kl /= self.world_size
+        return float(kl.item())
 
     def _critic_only(self, mbatch: dict) -> Tensor:
         """1 on the flat buffer's entries that the policy's log-probs do not depend on (the
