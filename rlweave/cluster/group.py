@@ -88,7 +88,9 @@ class WorkerGroup:
         """Waits until every rank's constructor has run (and, with ``init_dist``, the ranks have
         joined their torch.distributed group). A failure raises its :class:`WorkerError` (naming
         ``__init__`` and the rank) after the hosts this group started are killed, so a half-built
-        group leaves no processes behind; every later call raises the same way."""
+        group leaves no processes behind; every later call raises the same way. Every call of the
+        group waits here first: a host runs calls on several threads, so a call sent during the
+        constructor would run beside it and find no worker."""
         failed = self.__dict__.get("_start_error")
         if failed is not None:
             raise failed  # the start's error again: never a call into killed processes
@@ -124,7 +126,7 @@ class WorkerGroup:
         return GroupMethod(self, name, spec)
 
     def _submit(self, method: str, spec: Dispatch, args: tuple, kwargs: dict) -> Handle:
-        self._ready_for_calls()
+        self.ready()
         calls = plan_calls(spec, self, method, args, kwargs)
         pending = [self._host_call(self.hosts[r], "run", self.name, method, a, kw) for r, a, kw in calls]
         return Handle(self.name, method, [r for r, _, _ in calls], pending, self.host_groups,
@@ -134,7 +136,7 @@ class WorkerGroup:
         """Runs ``method(*args, **kwargs)`` on every rank (or ``ranks``); returns a handle."""
         ranks = list(range(self.world_size)) if ranks is None else list(ranks)
         self._check_method(method)
-        self._ready_for_calls()
+        self.ready()
         pending = [self._host_call(self.hosts[r], "run", self.name, method, args, kwargs) for r in ranks]
         return Handle(self.name, method, ranks, pending, self.host_groups)
 
@@ -144,7 +146,7 @@ class WorkerGroup:
         if len(ranks) != len(per_rank_args):
             raise ValueError(f"{self.name}.{method}: {len(per_rank_args)} argument sets for {len(ranks)} ranks")
         self._check_method(method)
-        self._ready_for_calls()
+        self.ready()
         pending = [self._host_call(self.hosts[r], "run", self.name, method, tuple(a), {}) for r, a in zip(ranks, per_rank_args)]
         return Handle(self.name, method, ranks, pending, self.host_groups)
 
@@ -154,7 +156,7 @@ class WorkerGroup:
 
     def host_info(self, what: str, *args) -> list:
         """Per-rank facts about the host processes (``pid``, ``node_id``, ``environ``)."""
-        self._ready_for_calls()
+        self.ready()
         pending = [self._host_call(h, what, *args) for h in self.hosts]
         if self.local:
             return [p.result() for p in pending]
@@ -166,7 +168,7 @@ class WorkerGroup:
         process (fused groups) or in local mode, else a Ray reference, which also carries the
         host's direct-call socket unless the cluster's ``peer_calls`` is ``ray`` (a caller on
         another node falls back to Ray calls by itself)."""
-        self._ready_for_calls()
+        self.ready()
         if self.local or caller_host is self.hosts[rank]:
             return Peer(self.name, rank)
         host = self.hosts[rank]
@@ -180,7 +182,7 @@ class WorkerGroup:
         arguments, and every rank sees the new world size. Ranks that stay keep their process and
         state, so their slots must not change. Groups that share hosts or a torch.distributed
         group are rebuilt instead (``ValueError``)."""
-        self._ready_for_calls()
+        self.ready()
         old, new = self.placement.num_workers, placement.num_workers
         if not self.owns_hosts or self.has_dist:
             raise ValueError(f"worker group '{self.name}' shares host processes or a distributed group: rebuild it")
@@ -208,7 +210,7 @@ class WorkerGroup:
         if self.owns_hosts:
             self.shutdown()
             return
-        self._ready_for_calls()
+        self.ready()
         refs = [self._host_call(h, "remove_worker", self.name) for h in self.hosts]
         if refs:
             Handle(self.name, "detach", list(range(len(refs))), refs).wait()
@@ -229,10 +231,6 @@ class WorkerGroup:
         self.hosts = []
 
     # -- internals ----------------------------------------------------------------------------
-    def _ready_for_calls(self) -> None:
-        """A call waits for the constructors: a host would run it beside them, on another thread."""
-        self.ready()
-
     def _check_method(self, method: str) -> None:
         if not callable(getattr(self.cls, method, None)):
             raise AttributeError(f"worker class {self.cls.__name__} (group '{self.name}') has no method '{method}'")
