@@ -14,7 +14,8 @@ call instead of an inter-process hop.
 ``WorkerGroup(..., wait=False)`` returns as soon as the group's processes and constructors are
 under way, and the group's first call (or :meth:`WorkerGroup.ready`) waits for them: a runner that
 makes its groups this way starts them side by side instead of one after another (each host process
-takes 1.5-2.5 s to start and import torch, and the learner's constructor as long again).
+takes 1.5-2.5 s to start and import torch, and the learner's constructor as long again). In local
+mode, where every worker is built in the driver process, constructors still run one at a time.
 """
 
 from __future__ import annotations
@@ -81,7 +82,9 @@ class WorkerGroup:
         kwargs = dict(kwargs or {})
         refs = [self._host_call(h, "add_worker", self.name, cls, ctx, tuple(args), kwargs) for h, ctx in zip(self.hosts, contexts)]
         self._pending_init: Handle | None = Handle(self.name, "__init__", list(range(n)), refs)
-        if wait:
+        if wait or self.local:
+            # local mode builds every worker in the driver process, whose global state (torch's
+            # default device, transformers' meta-device init) constructors on two threads would share
             self.ready()
 
     def ready(self) -> "WorkerGroup":
