@@ -25,6 +25,7 @@ Unset, ``agent.workflow`` follows the keys that chose the producer before it exi
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -67,6 +68,18 @@ class Workflow:
     expert_traces: Callable[..., dict] = _write_traces
     # (task, agent_cfg, prompts) -> texts a tokenizer trained here learns from
     corpus: Callable[..., list[str]] = _chat_corpus
+
+    def sft_trace_file(self, task, run_dir, n: int, seed: int, agent_cfg: dict) -> Path | None:
+        """SFT on an agent task without ``data.path``: ``n`` traces of the task's scripted expert
+        (real tool calls and results), written once to ``RUN/traces.jsonl`` (a resume reuses them);
+        None for a task without an expert."""
+        if not hasattr(task, "expert_trace"):
+            return None
+        path = Path(run_dir) / "traces.jsonl"
+        if not path.is_file():
+            stats = self.expert_traces(task, n, path, seed, agent_cfg)
+            print(f"[rlweave] {stats['written']} expert traces written to {path} ({stats['missed']} expert misses skipped)")
+        return path
 
 
 def _build_tools(generator, tokenizer, agent_cfg, max_turn_tokens, task, scorer):

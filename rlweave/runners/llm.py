@@ -118,7 +118,8 @@ class LLMRunner(RunnerBase):
             from rlweave.data.sft_data import SFTData, read_sft_jsonl
 
             d = cfg.data
-            path = d.path or self._expert_traces()
+            path = d.path or (self.agent and self.workflow.sft_trace_file(self.task, self.run_dir, cfg.agent.sft_traces,
+                                                                          cfg.seed, self.agent_cfg))
             examples = read_sft_jsonl(path, d.prompt_key, d.response_key, self.tokenizer) if path else None
             self.data = SFTData(self.tokenizer, examples, None if examples else self.task, d.max_tokens, d.packing,
                                 d.loss_on)
@@ -128,17 +129,6 @@ class LLMRunner(RunnerBase):
         self.actor.prepare()
         self.shared_weights = (fused and not self.spec.asynchronous and self.rollout.world_size == self.actor.world_size
                                and all(self.rollout.share_actor_weights(self.actor.name)))
-
-    def _expert_traces(self) -> Path | None:
-        """SFT on an agent task without ``data.path``: ``agent.sft_traces`` traces of the task's
-        scripted expert (real tool calls and results) written once to ``RUN/traces.jsonl``."""
-        if not (self.agent and hasattr(self.task, "expert_trace")):
-            return None
-        path = self.run_dir / "traces.jsonl"
-        if not path.is_file():
-            stats = self.workflow.expert_traces(self.task, self.cfg.agent.sft_traces, path, self.cfg.seed, self.agent_cfg)
-            print(f"[rlweave] {stats['written']} expert traces written to {path} ({stats['missed']} expert misses skipped)")
-        return path
 
     def _init_weights(self) -> Path | None:
         """Where the weights start: ``init.checkpoint``, else the SFT warm-up's result (run first,
