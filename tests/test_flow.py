@@ -10,7 +10,7 @@ import pytest
 
 from rlweave.cluster import Slot
 from rlweave.config import load_config
-from rlweave.flow import FlowPlan, LinearCost, Measurement, Planner, StageCosts, candidate_plans, simulate_collection
+from rlweave.flow import FlowPlan, LinearCost, Measurement, Planner, Prediction, StageCosts, candidate_plans, simulate_collection
 from rlweave.runners.onpolicy import OnPolicyRunner
 
 S0, S1 = Slot(0, 0), Slot(0, 1)
@@ -79,10 +79,12 @@ def test_planner_profiles_then_picks_the_fastest_prediction():
     pl = Planner(slots=[S0, S1], total_envs=64, steps=10, cores=2)
     first, second = pl.profile_plans()
     assert (first.fused, first.micro_batches, second.fused, second.micro_batches) == (True, 1, False, 2)
+    # fused on both slots first: every core busy from the first iteration on
+    assert (first.num_env, first.num_rollout, second.num_env, second.num_rollout) == (2, 2, 1, 1)
     # measured: env 1 ms/row, inference 1.5 ms/row, requests free in-process, 5 ms across processes
-    pl.observe(Measurement(first, collect=1.6, env_compute=0.64, infer_compute=0.96, steps=10, train=0.5, sync=0.01))
+    pl.observe(Measurement(first, collect=0.8, env_compute=0.32, infer_compute=0.48, steps=10, train=0.5, sync=0.01))
     assert {p.plan.fused for p in pl.rank()} == {True}  # cross-process price unknown yet
-    assert pl.predict(first).collect == pytest.approx(1.6)
+    assert pl.predict(first).collect == pytest.approx(0.8)
     pl.observe(Measurement(second, collect=10 * (0.096 + 0.005) + 0.032, env_compute=0.64, infer_compute=0.96, steps=10,
                            train=0.5, sync=0.01))
     assert pl.costs.remote_overhead == pytest.approx(0.005, rel=0.05)
@@ -93,12 +95,18 @@ def test_planner_profiles_then_picks_the_fastest_prediction():
     assert best.plan.label() == "collocated    env[2]@0,1 rollout[2]@0,1 k=1"
     assert best.collect == pytest.approx(0.8)
     assert pl.drifted(1.0, 1.2) and not pl.drifted(1.0, 1.1)
+    # the first profiling plan is the best: no other plan earns a verifying iteration, unless its
+    # prediction beats the best measured plan's prediction by more than min_gain
+    assert not any(pl.worth_verifying(p) for p in pl.rank())
+    pl.min_gain = 0.05
+    assert pl.worth_verifying(Prediction(second, best.collect, best.iteration * 0.94))
+    assert not pl.worth_verifying(Prediction(second, best.collect, best.iteration * 0.96))
 
 
 def test_planner_chooses_by_measured_collection_not_by_the_training_swing():
     pl = Planner(slots=[S0, S1], total_envs=64, steps=10, cores=2)
     first, second = pl.profile_plans()
-    pl.observe(Measurement(first, collect=1.6, env_compute=0.64, infer_compute=0.96, steps=10, train=0.5, sync=0.01))
+    pl.observe(Measurement(first, collect=0.8, env_compute=0.32, infer_compute=0.48, steps=10, train=0.5, sync=0.01))
     pl.observe(Measurement(second, collect=10 * (0.096 + 0.005) + 0.032, env_compute=0.64, infer_compute=0.96, steps=10,
                            train=0.5, sync=0.01))
     a, b = (p.plan for p in pl.shortlist(2))
@@ -166,7 +174,7 @@ def auto_run(ray_session, tmp_path_factory) -> tuple[Path, list[dict]]:
 def test_auto_profiles_verifies_then_runs_the_chosen_layout(auto_run):
     run_dir, rows = auto_run
     layouts = [(r["plan/env_workers"], r["plan/rollout_workers"], r["plan/micro_batches"], r["plan/fused"]) for r in rows]
-    assert layouts[:2] == [(1, 1, 1, 1), (1, 1, 2, 0)]  # the two profiling plans
+    assert layouts[:2] == [(2, 2, 1, 1), (1, 1, 2, 0)]  # the two profiling plans
     log = json.loads((run_dir / "plans.json").read_text())
     assert log[0] == {"iteration": 1, "reason": "profiling", "plan": "disaggregated env[1]@0 rollout[1]@1 k=2"}
     chosen = [e for e in log if e["reason"] == "chosen"]

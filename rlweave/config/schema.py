@@ -94,6 +94,9 @@ class PlannerConfig:
     max_micro_batches: int = positive(4)  # largest pipeline depth placement.mode=auto considers
     margin: float = field(default=0.15, metadata={"min": 0})  # re-plan when |predicted-measured| > margin*measured
     verify: int = positive(3)  # shortlisted plans measured for one iteration each before choosing
+    # an unmeasured shortlisted plan is verified only when predicted to beat the best measured plan
+    # by this fraction of an iteration (smaller predicted gains lie within the model's error)
+    min_gain: float = field(default=0.03, metadata={"min": 0, "max": 1})
 
 
 @dataclass

@@ -5,7 +5,8 @@ iteration just measured.
 Why it lives in the flow layer: it is the planner's policy over time (profile, verify, run, watch
 for drift), independent of how a runner lays out its groups; the runner only applies the plan it
 is handed. Phases: *profile* (the planner's profiling plans, one iteration each), *verify* (one
-iteration of each shortlisted prediction not measured yet), *run* (the shortlisted plan with the
+iteration of each shortlisted prediction not measured yet that the planner predicts to beat the best
+measured plan by ``planner.min_gain``), *run* (the shortlisted plan with the
 fastest measured iteration). Two iterations in a row whose time drifts from the prediction by more
 than ``planner.margin`` send the run back to *verify* with the refitted costs.
 """
@@ -61,7 +62,8 @@ class Replanner:
         if reason == "drift":  # measurements from before the drift no longer settle the choice
             unverified = [p.plan for p in short if p.plan != flow]
         else:
-            unverified = [p.plan for p in short if p.plan not in self.verified and pl.measured(p.plan) is None]
+            unverified = [p.plan for p in short if p.plan not in self.verified and pl.measured(p.plan) is None
+                          and pl.worth_verifying(p)]
         if unverified:
             self.verified.add(unverified[0])
             self.prediction = None

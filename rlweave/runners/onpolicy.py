@@ -83,7 +83,7 @@ class OnPolicyRunner(RunnerBase):
             planner = Planner(
                 slots=self.cluster.slots(),
                 total_envs=self.total_envs, steps=cfg.train.rollout_steps, cores=physical_cores(self.cluster),
-                max_micro_batches=cfg.planner.max_micro_batches, env_multiple=n_act, margin=cfg.planner.margin,
+                max_micro_batches=cfg.planner.max_micro_batches, env_multiple=n_act, margin=cfg.planner.margin, min_gain=cfg.planner.min_gain,
                 gpu_slots=self.cluster.slot_kind == "gpu",
             )
             self.replanner = Replanner(planner, cfg.planner.verify)
