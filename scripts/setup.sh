@@ -12,16 +12,12 @@ cd "$(dirname "$0")/.."
 extras="${1:-dev}"
 venv="${2:-.venv}"
 py="${PYTHON:-python3}"
-# --no-compile: pip byte-compiles every installed module (105 s of one core for the dev environment);
-# Python compiles the ones a program imports, once, on first import (a fraction of them)
-export PIP_DISABLE_PIP_VERSION_CHECK=1
-nc=--no-compile
 if [[ ",${extras}," == *,openpi,* ]]; then
   # openpi: the openpi robot client (PyPI openpi-client; it pins numpy < 2, so never in .venv) in an
   # environment of its own, .venv-openpi, from which tests/test_policy_server.py queries `rlweave serve`.
   # (openpi-client 0.1.2 imports typing_extensions without declaring it.)
   [ -x .venv-openpi/bin/python ] || "$py" -m venv .venv-openpi
-  .venv-openpi/bin/python -m pip install -q $nc openpi-client==0.1.2 typing_extensions 2>&1 | { grep -v "is ignored" || true; }
+  .venv-openpi/bin/python -m pip install -q --disable-pip-version-check openpi-client==0.1.2 typing_extensions 2>&1 | { grep -v "is ignored" || true; }
   .venv-openpi/bin/python -c "from openpi_client.websocket_client_policy import WebsocketClientPolicy; print('openpi-client set up in .venv-openpi')"
   extras="$(echo ",${extras}," | sed 's/,openpi,/,/g; s/^,//; s/,$//')"
   [ -n "$extras" ] || exit 0
@@ -30,7 +26,7 @@ if [[ ",${extras}," == *,lerobot,* ]]; then
   # lerobot: LeRobot's own dataset reader (PyPI lerobot-dataset: older datasets/numpy pins, and torch it
   # imports without declaring) in .venv-lerobot, which tests/test_lerobot_format.py loads exported folders with.
   [ -x .venv-lerobot/bin/python ] || "$py" -m venv .venv-lerobot
-  .venv-lerobot/bin/python -m pip install -q $nc lerobot-dataset==0.4.4 torch==2.13.0 2>&1 | { grep -v "is ignored" || true; }
+  .venv-lerobot/bin/python -m pip install -q --disable-pip-version-check lerobot-dataset==0.4.4 torch==2.13.0 2>&1 | { grep -v "is ignored" || true; }
   echo "lerobot-dataset set up in .venv-lerobot"
   extras="$(echo ",${extras}," | sed 's/,lerobot,/,/g; s/^,//; s/,$//')"
   [ -n "$extras" ] || exit 0
@@ -40,14 +36,15 @@ if [[ ",${extras}," == *,rlinf,* ]]; then
   # .venv-rlinf: it pulls wandb, swanlab, liger-kernel and more that rlweave does not want in .venv. The CPU
   # torch and the Ray that .venv has are pinned, so both sides of the benchmark run on the same Ray.
   [ -x .venv-rlinf/bin/python ] || "$py" -m venv .venv-rlinf
-  .venv-rlinf/bin/python -m pip install -q $nc -c constraints.txt torch==2.13.0 "ray[default]==2.60.0" rlinf==0.3.0 2>&1 | { grep -v "is ignored" || true; }
+  .venv-rlinf/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt torch==2.13.0 "ray[default]==2.60.0" rlinf==0.3.0 2>&1 | { grep -v "is ignored" || true; }
   .venv-rlinf/bin/python -c "from rlinf.scheduler import Channel, Cluster, Worker; import rlinf, ray; print('rlinf set up in .venv-rlinf: ray', ray.__version__)"
   extras="$(echo ",${extras}," | sed 's/,rlinf,/,/g; s/^,//; s/,$//')"
   [ -n "$extras" ] || exit 0
 fi
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
 # pip's own failure fails the script (pipefail); only its "... is ignored" notices are dropped
-pip_install() { "$venv/bin/python" -m pip install -q $nc "$@" 2>&1 | { grep -v "is ignored" || true; }; }
+pip_install() { "$venv/bin/python" -m pip install -q "$@" 2>&1 | { grep -v "is ignored" || true; }; }
 pip_install torch==2.13.0
 # (numpy comes with the next step: torch's warning that it is missing is silenced)
 "$venv/bin/python" -W ignore -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
