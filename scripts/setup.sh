@@ -63,4 +63,8 @@ assert torch.__version__.startswith('2.13.0'), torch.__version__
 print('vllm', vllm.__version__, 'works with torch', torch.__version__)" \
     || { echo "setup.sh: vLLM is installed in $venv but does not import (see above)" >&2; exit 1; }
 fi
+# pip byte-compiles what it installs but not an editable source tree, and where PYTHONDONTWRITEBYTECODE
+# is set (this machine, CI) nothing writes its .pyc later: every process (each Ray worker) would
+# compile rlweave's modules again (~0.5 s of CPU for the runners and workers)
+"$venv/bin/python" -m compileall -q rlweave > /dev/null
 "$venv/bin/python" -c "import rlweave, torch, ray, mujoco; print('rlweave set up in $venv: torch', torch.__version__, 'ray', ray.__version__, 'mujoco', mujoco.__version__)"
