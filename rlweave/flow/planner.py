@@ -162,7 +162,7 @@ class Planner:
         ``min_gain``. Predictions are compared with predictions, so the model's bias on this
         workload cancels; a gain smaller than that is within the model's error and is not worth an
         iteration that, if the plan is in fact slower, is paid at its speed."""
-        measured = [self.predict(m) for m in {m.plan for m in self.history}]
+        measured = [self.predict(p) for p in {m.plan for m in self.history} if self.measured_collect(p) is not None]
         if not measured:
             return True
         best = min(measured, key=lambda p: self.measured_collect(p.plan) + p.iteration - p.collect)
