@@ -72,7 +72,7 @@ def offline_planner(cfg, cluster, policy) -> Planner:
         slots=cluster.slots(),
         total_envs=total, steps=cfg.train.rollout_steps, cores=physical_cores(cluster),
         max_micro_batches=cfg.planner.max_micro_batches, env_multiple=cfg.actor.num_workers, margin=cfg.planner.margin,
-        min_gain=cfg.planner.min_gain,        gpu_slots=cluster.slot_kind == "gpu",
+        min_gain=cfg.planner.min_gain, gpu_slots=cluster.slot_kind == "gpu",
     )
     measured = measure_stage_costs(OmegaConf.to_container(cfg.env), policy, total)
     planner.costs.env, planner.costs.infer = measured.env, measured.infer
