@@ -114,7 +114,13 @@ def cmd_eval(args) -> int:
     from rlweave.runners.evaluate import evaluate_policy
 
     try:  # the run's env and policy only: its training data (demonstrations, init.checkpoint) need not be here
-        obs_space, act_space = _spaces(read_run_config(args.run_dir))
+        run_cfg = read_run_config(args.run_dir)
+        if run_cfg.runner == "llm":
+            return _eval_lm(args, run_cfg)
+        if args.all:
+            return _fail("--all: the whole test split is for language-model runs; give --episodes N")
+        args.episodes = 10 if args.episodes is None else args.episodes
+        obs_space, act_space = _spaces(run_cfg)
         run = load_run_policy(args.run_dir, observation_space=obs_space, action_space=act_space)
     except RunPolicyError as e:
         return _fail(str(e))
@@ -129,6 +135,25 @@ def cmd_eval(args) -> int:
     result = {"checkpoint": run.checkpoint.name, "episodes": args.episodes, **result}
     if videos and not result.get("eval/videos"):
         print(f"rlweave eval: --video: env '{cfg.env.id}' gives no camera images; no video written", file=sys.stderr)
+    print(json.dumps(result))
+    return 0
+
+
+def _eval_lm(args, cfg) -> int:
+    """A language-model run: greedy held-out accuracy of its model on ``--episodes`` test prompts
+    (default: the run's own ``task.eval_prompts``) or ``--all`` of them, by kind of question."""
+    from rlweave.config import ConfigError
+    from rlweave.runners.llm_eval import evaluate_lm_run
+
+    if args.video:
+        return _fail("--video: a language-model run has no camera images")
+    count = None if args.all else (args.episodes if args.episodes is not None else cfg.task.eval_prompts)
+    if count is not None and count < 1:
+        return _fail(f"--episodes: must be >= 1, got {count}")
+    try:
+        result = evaluate_lm_run(args.run_dir, cfg, count)
+    except ConfigError as e:
+        return _fail(str(e))
     print(json.dumps(result))
     return 0
 
@@ -320,7 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_resume)
     s = sub.add_parser("eval", help="evaluate a run's newest checkpoint (deterministic policy)")
     s.add_argument("run_dir")
-    s.add_argument("--episodes", type=int, default=10)
+    s.add_argument("--episodes", type=int, default=None,
+                   help="episodes (default 10); for a language-model run, held-out prompts (default: its task.eval_prompts)")
+    s.add_argument("--all", action="store_true", help="a language-model run: every prompt of the task's test split")
     s.add_argument("--seed", type=int, default=12345)
     s.add_argument("--video", type=int, nargs="?", const=3, default=0, metavar="N",
                    help="record the first N episodes (default 3) to RUN/videos/ (envs with camera images)")

@@ -4,6 +4,8 @@ calculator, multi-turn) logs the agent figures and trains on rows whose observat
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +55,7 @@ def test_agent_tools_are_checked_before_start(tmp_path):
         LLMRunner(load_config("grpo-calc", [*TINY, "model.max_positions=128", "init.sft_recipe=null"]), tmp_path / "never")
 
 
-def test_grpo_calc_style_run_warms_up_on_traces_then_trains_multi_turn(tmp_path):
+def test_grpo_calc_style_run_warms_up_on_traces_then_trains_multi_turn(tmp_path, capsys):
     overrides = [*TINY, "init.sft_overrides=['train.total_updates=4','train.updates_per_iteration=2','algorithm.minibatch_size=8',"
                  "'train.stop_at_eval=null','agent.sft_traces=32']",
                  "rollout.prompts_per_iteration=2", "algorithm.group_size=4", "rollout.max_new_tokens=24", "agent.max_tokens=64",
@@ -77,9 +79,20 @@ def test_grpo_calc_style_run_warms_up_on_traces_then_trains_multi_turn(tmp_path)
     assert first["rollout/logprob_gap"] < 1e-4
     assert runner.tokenizer.chat_template and (tmp_path / "run" / "model" / "config.json").is_file()
     assert Path(tmp_path / "run" / "sft" / "model" / "tokenizer_config.json").is_file()
+    # `rlweave eval` on the finished run scores its model on the run's own held-out prompts as the run did
+    from rlweave.cli import main
+
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "run")]) == 0
+    scored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert scored["prompts"] == 4
+    for key in ("eval/accuracy", "eval/tool_calls_per_trajectory", "eval/response_length"):
+        assert scored[key] == pytest.approx(records[2][key]), key
+    assert main(["eval", str(tmp_path / "run"), "--all"]) == 2  # calc draws its prompts: no whole split
+    assert "--all: task calc" in capsys.readouterr().err
 
 
-def test_a_curriculum_over_question_kinds_is_logged_checkpointed_and_resumed_exactly(tmp_path):
+def test_a_curriculum_over_question_kinds_is_logged_checkpointed_and_resumed_exactly(tmp_path, capsys):
     """grpo-search with ``task.curriculum=kind`` (tiny, from random weights): every iteration logs
     each kind's share of the next draw; a run stopped after iteration 1 and resumed draws and
     scores iteration 2 as the uninterrupted run does (the kinds' success rates are in the checkpoint).
@@ -101,6 +114,18 @@ def test_a_curriculum_over_question_kinds_is_logged_checkpointed_and_resumed_exa
     resumed.run()
     keep = lambda r: {k: v for k, v in r.items() if k.startswith(("curriculum/", "train/reward", "env_steps"))}  # noqa: E731
     assert [keep(r) for r in read_metrics(tmp_path / "part")] == [keep(r) for r in whole]
+    # the whole test split, by kind of question: every held-out question is asked once
+    from rlweave.cli import main
+    from rlweave.envs.text_tasks import make_task
+
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "whole"), "--all"]) == 0
+    scored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    pool = make_task({"name": "multihop", "corpus": str(tmp_path / "corpus"), "entities": 60, "search_k": 1}).pool("test")
+    kinds = Counter(p.meta["kind"] for p in pool)
+    assert scored["prompts"] + scored["dropped"] == len(pool) and scored["dropped"] == 0
+    assert {k: n for k, (_, n) in scored["by_kind"].items()} == dict(kinds)
+    assert scored["eval/accuracy"] == sum(c for c, _ in scored["by_kind"].values()) / len(pool)
 
 
 def reward_by_kind(prompt, response: str) -> float:

@@ -33,16 +33,15 @@ from rlweave.envs.prompt_curriculum import PromptCurriculum
 from rlweave.envs.text_tasks import Prompt, make_task
 from rlweave.runners.common import Budget, RunnerBase
 from rlweave.runners.layouts import llm_layout_candidates
-from rlweave.runners.llm_batches import agent_metrics, assemble, fresh_groups, groups_of, rl_metrics
+from rlweave.runners.llm_batches import assemble, eval_record, fresh_groups, groups_of, rl_metrics
 from rlweave.runners.llm_checks import check_llm, resolve_init, sft_config
-from rlweave.runners.llm_prompts import check_prompt_fit, fit_prompts
+from rlweave.runners.llm_prompts import EVAL_SEED, check_prompt_fit, fit_prompts, prompt_overhead
 from rlweave.runners.records import StageClock
 from rlweave.sync.weights import verify_sync
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace
 
 __all__ = ["LLMRunner", "check_llm", "resolve_init", "sft_config"]
 
-EVAL_SEED = 2_147_483_647  # the held-out prompts every evaluation of every run uses
 START_ACCURACY_FLOOR = 0.02  # below this at the start of RL, a run is warned that it will see few rewards
 
 
@@ -203,21 +202,12 @@ class LLMRunner(RunnerBase):
     def _fit_prompts(self, prompts: list[Prompt], tokenizer=None) -> tuple[list[Prompt], int, int]:
         """``task.max_prompt_tokens`` per ``task.prompt_overflow`` (:func:`fit_prompts`)."""
         tokenizer = tokenizer or self.tokenizer
-        return fit_prompts(prompts, tokenizer, self.cfg.task.max_prompt_tokens, self.cfg.task.prompt_overflow,
-                           lambda p, n: self._prompt_overhead(tokenizer, p, n))
+        if self.agent and self._tool_specs is None:
+            from rlweave.agents.rollout import tool_specs
 
-    def _prompt_overhead(self, tokenizer, prompt: Prompt, question_tokens: int) -> int:
-        """Tokens an agent episode's first context adds around the question (system prompt, tools,
-        chat markers), the longest over the workflow's roles; 0 for single-turn runs, whose prompt is
-        the question's text."""
-        if not self.agent:
-            return 0
-        from rlweave.agents.chat import prompt_ids
-        from rlweave.agents.rollout import tool_specs
-
-        if self._tool_specs is None:
             self._tool_specs = tool_specs(self.agent_cfg, self.task)
-        return max(len(prompt_ids(tokenizer, c, self._tool_specs)) for c in self.workflow.openings(prompt)) - question_tokens
+        return fit_prompts(prompts, tokenizer, self.cfg.task.max_prompt_tokens, self.cfg.task.prompt_overflow,
+                           prompt_overhead(tokenizer, self.workflow if self.agent else None, self._tool_specs))
 
     def _response_tokens(self) -> int:
         """The longest response a row can hold: an agent episode's ``agent.max_tokens`` (turns and
@@ -426,19 +416,7 @@ class LLMRunner(RunnerBase):
 
     def evaluate(self) -> dict:
         """Greedy answers of the rollout engines (holding the latest weights) to the held-out prompts."""
-        outs = self.rollout.evaluate(self.eval_prompts)
-        n = sum(o["n"] for o in outs)
-        record = {"eval/accuracy": sum(o["correct"] for o in outs) / max(1, n),
-                  "eval/response_length": sum(o["response_tokens"] for o in outs) / max(1, n)}
-        agent = [o["agent"] for o in outs if o.get("agent")]
-        if agent:  # multi-turn evaluation: greedy episodes with the tools
-            record.update(agent_metrics({k: sum(a[k] for a in agent) for k in agent[0]}, "eval"))
-        stats = [o["stats"] for o in outs if o.get("stats")]
-        if stats:  # a multi-role workflow: per-role rewards and its own rates (eval/reward/<role>, ...)
-            from rlweave.agents.workflows import ratio_metrics, sum_stats
-
-            record.update(ratio_metrics(sum_stats(stats), "eval"))
-        return record
+        return eval_record(self.rollout.evaluate(self.eval_prompts))
 
     def _finish_record(self, record, metrics, trace, progress, final):
         if self._pending_sync is not None and self._eval_due(final):

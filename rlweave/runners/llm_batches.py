@@ -140,3 +140,21 @@ def agent_metrics(stats: dict, prefix: str) -> dict:
         out[f"{prefix}/tool_latency_s"] = stats["tool_latency_s"] / max(1, stats["tool_calls"])  # mean per call
     out.update({f"{prefix}/tool_errors/{k[len('errors_'):]}": v for k, v in stats.items() if k.startswith("errors_")})
     return out
+
+
+def eval_record(outs: list[dict]) -> dict:
+    """One evaluation's figures from the rollout workers' ``evaluate`` results (one per worker, or
+    per batch of prompts): accuracy, response length, the agent figures of multi-turn episodes and,
+    for multi-role workflows, per-role rewards and the workflow's rates."""
+    n = sum(o["n"] for o in outs)
+    record = {"eval/accuracy": sum(o["correct"] for o in outs) / max(1, n),
+              "eval/response_length": sum(o["response_tokens"] for o in outs) / max(1, n)}
+    agent = [o["agent"] for o in outs if o.get("agent")]
+    if agent:  # multi-turn evaluation: greedy episodes with the tools
+        record.update(agent_metrics({k: sum(a[k] for a in agent) for k in agent[0]}, "eval"))
+    stats = [o["stats"] for o in outs if o.get("stats")]
+    if stats:  # a multi-role workflow: per-role rewards and its own rates (eval/reward/<role>, ...)
+        from rlweave.agents.workflows import ratio_metrics, sum_stats
+
+        record.update(ratio_metrics(sum_stats(stats), "eval"))
+    return record

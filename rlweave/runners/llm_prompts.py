@@ -8,7 +8,9 @@ from typing import Callable
 from rlweave.config import ConfigError
 from rlweave.envs.text_tasks import Prompt
 
-__all__ = ["check_prompt_fit", "fit_prompts"]
+__all__ = ["EVAL_SEED", "check_prompt_fit", "fit_prompts", "prompt_overhead"]
+
+EVAL_SEED = 2_147_483_647  # the held-out prompts every evaluation of every run uses (the first draw of this seed)
 
 
 def fit_prompts(prompts: list[Prompt], tokenizer, limit: int, mode: str,
@@ -29,6 +31,18 @@ def fit_prompts(prompts: list[Prompt], tokenizer, limit: int, mode: str,
             truncated += 1
             kept.append(Prompt(p.id, tokenizer.decode(ids[-(limit - extra):]), p.answer, p.meta))
     return kept, dropped, truncated
+
+
+def prompt_overhead(tokenizer, workflow=None, tool_specs: list[dict] | None = None) -> Callable[[Prompt, int], int]:
+    """``fit_prompts``'s ``overhead``: the tokens an agent episode's first context adds around the
+    question (system prompt, tools, chat markers), the longest over the workflow's roles; 0 without
+    a workflow (single-turn runs, whose prompt is the question's text)."""
+    if workflow is None:
+        return lambda prompt, question_tokens: 0
+    from rlweave.agents.chat import prompt_ids
+
+    return lambda prompt, question_tokens: (max(len(prompt_ids(tokenizer, c, tool_specs)) for c in workflow.openings(prompt))
+                                            - question_tokens)
 
 
 def check_prompt_fit(task, cfg, fit: Callable[[list[Prompt]], tuple[list[Prompt], int, int]], eval_seed: int) -> None:
