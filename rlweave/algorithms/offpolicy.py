@@ -65,13 +65,15 @@ class LearnerNets:
 class LossOptions:
     """Scalar settings of the losses (from ``algorithm.*``). ``target_entropy`` and
     ``autotune_alpha``: SAC's temperature; ``expectile``, ``temperature`` and ``max_weight``:
-    IQL's value expectile, advantage inverse temperature (beta) and weight clip."""
+    IQL's value expectile, advantage inverse temperature (beta) and weight clip. ``bc_coef``: the
+    weight of SAC's action regularisation towards the batch's actions (:func:`sac_actor_terms`)."""
 
     target_entropy: float = 0.0
     autotune_alpha: bool = True
     expectile: float = 0.7
     temperature: float = 3.0
     max_weight: float = 100.0
+    bc_coef: float = 0.0
 
 
 def _critic_regression(q: Tensor, target: Tensor, alpha: Tensor) -> dict[str, Tensor]:
@@ -102,7 +104,8 @@ def sac_actor_terms(batch: dict[str, Tensor], nets: LearnerNets, opts: LossOptio
     """SAC's actor part: the actor maximises the critics' ``min`` (or ``mean``) at its own
     reparameterised action minus ``alpha log pi``, through the critic with detached weights
     (``batch_stats=False``: BatchNorm critics use their running statistics); the temperature is
-    tuned towards ``opts.target_entropy`` against detached log-probs. The action's noise is
+    tuned towards ``opts.target_entropy`` against detached log-probs; with ``opts.bc_coef`` the
+    action is also pulled towards the batch's (``loss_bc``). The action's noise is
     ``batch["actor_noise"]`` when given (:meth:`ActorCriticLoss.prepare`)."""
     obs = batch["obs"]
     alpha = nets.log_alpha.detach().exp()
@@ -110,6 +113,8 @@ def sac_actor_terms(batch: dict[str, Tensor], nets: LearnerNets, opts: LossOptio
     qs = nets.critic(obs, action, detach=True, batch_stats=batch_stats)
     q_pi = qs.mean(0) if reduce == "mean" else qs.min(0).values
     out = {"loss_actor": (alpha * log_prob - q_pi).mean(), "entropy": -log_prob.detach().mean()}
+    if opts.bc_coef:  # offline-to-online: stay near the data's actions while the critics learn (SAC Flow's)
+        out["loss_bc"] = opts.bc_coef * (action - batch["action"].to(action.dtype)).square().mean()
     if opts.autotune_alpha:
         out["loss_alpha"] = -(nets.log_alpha * (log_prob.detach() + opts.target_entropy)).mean()
     return out

@@ -199,7 +199,7 @@ class AlgorithmConfig:
     # off-policy (SAC, CrossQ, ...)
     batch_size: int = positive(256)
     utd_ratio: float = field(default=1.0, metadata={"min": 0})  # gradient updates per env step
-    learning_starts: int = non_negative(100)  # env steps of uniform random actions before learning
+    learning_starts: int = non_negative(100)  # env steps before learning (uniform random actions, unless the policy starts from init.*)
     tau: float = field(default=0.005, metadata={"min": 0, "max": 1})  # Polyak rate of the target critic
     policy_delay: int = positive(1)  # actor (and temperature) updated every k critic updates
     n_step: int = positive(1)
@@ -213,6 +213,9 @@ class AlgorithmConfig:
     # the actor's learning rate: constant, or cosine-decayed to 0 over the run's gradient updates
     # (IQL's reference setting: the policy extracted at the end is not a mid-step snapshot)
     actor_lr_schedule: str = choice("constant", "constant", "cosine")
+    # SAC's actor: + bc_coef * mean squared distance of its action to the batch's (offline-to-online
+    # from demonstrations, as SAC Flow's: the actor stays near the data while the critics learn); 0 = off
+    bc_coef: float = non_negative(0.0)
     # language models (runner=llm)
     kl_coef: float = non_negative(0.0)  # towards the reference (initial) model; 0 = no reference model
     kl_estimator: str = choice("k3", "k1", "k2", "k3")
@@ -365,7 +368,7 @@ class AgentConfig:
 
 @dataclass
 class InitConfig:
-    """Where a language-model run's weights start."""
+    """Where a run's weights start: a language model's, or an embodied policy's (on- and off-policy runners)."""
 
     checkpoint: Optional[str] = None  # a run folder (its newest checkpoint's model) or a Hugging Face model folder
     # when checkpoint is not given: run this recipe first, into the run's sft/ folder, and start from its result

@@ -93,9 +93,7 @@ def _build_flow_sac(observation_space, action_space, critic: bool = False, norma
         raise SpaceMismatchError(f"needs a bounded Box action space, got {action_space}")
     if critic:
         raise SpaceMismatchError("has no value head (its critics live with the off-policy learner), got critic=True")
-    if normalize_obs:
-        raise SpaceMismatchError("has no observation normaliser (replayed data would drift under it), got normalize_obs=True")
-    return FlowSACPolicy(int(observation_space.shape[0]), action_space, **kwargs)
+    return FlowSACPolicy(int(observation_space.shape[0]), action_space, normalize_obs=normalize_obs, **kwargs)
 
 
 def _build_vla(observation_space, action_space, **kwargs):

@@ -200,5 +200,8 @@ def _check_off_policy(cfg: DictConfig) -> None:
     if cfg.policy.name == "flow_sac" and cfg.algorithm.name == "iql":
         raise ConfigError("policy.name: iql extracts its policy by the density of dataset actions, which flow_sac has no "
                           "closed form for; set policy.name=squashed_mlp")
+    if cfg.policy.get("normalize_obs") and not (cfg.get("init") and (cfg.init.checkpoint or cfg.init.sft_recipe)):
+        raise ConfigError("policy.normalize_obs: an off-policy actor normalises by fixed statistics that a behaviour-cloning run "
+                          "fits on its demonstrations; set init.checkpoint (or init.sft_recipe) to one, or normalize_obs=false")
     if len(cfg.algorithm.adam_betas) != 2:
         raise ConfigError(f"algorithm.adam_betas: needs two values, got {list(cfg.algorithm.adam_betas)}")

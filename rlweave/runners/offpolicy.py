@@ -42,9 +42,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlweave.cluster import Cluster, GroupPlacement, PlacementError, WorkerGroup, make_plan, wait_all
 from rlweave.models import build_policy
-from rlweave.models.run_policy import policy_kwargs
+from rlweave.models.run_policy import initial_policy_state, policy_kwargs
 from rlweave.runners.records import StageClock, total, update_only_record, worst
 from rlweave.runners.common import Budget, RunnerBase
+from rlweave.runners.warmup import initial_policy_source
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace
 from rlweave.data.datasets import load_transitions
 from rlweave.workers.env_worker import EnvWorker
@@ -131,6 +132,11 @@ class OffPolicyRunner(RunnerBase):
             print(f"[rlweave] offline dataset {offline}: {s['episodes']} episodes, {s['steps']} steps, "
                   f"return {s['return_mean']:.1f} +- {s['return_std']:.1f}; {share:.0%} of every batch{note}")
         self.actor.configure_replay(self.replay)
+        self.init_source = initial_policy_source(self)  # offline-to-online: the actor starts from a BC run
+        if self.init_source is not None:  # a resume or restart then loads its own checkpoint over these
+            fresh = self.actor.load_initial_weights(initial_policy_state(self.init_source))[0]
+            note = f"; {len(fresh)} tensors it lacks start fresh" if fresh else ""
+            print(f"[rlweave] policy starts from {self.init_source} (critics fresh){note}")
         self.eval_policy = build_policy(observation_space=self.obs_space, action_space=self.act_space, chunk=cfg.env.chunk, **self.pkw)
         if self.offline:
             print("[rlweave] offline: no env or rollout workers; the env only evaluates (in the driver)")
@@ -206,7 +212,8 @@ class OffPolicyRunner(RunnerBase):
             return self._offline_iteration(metrics, trace, progress)
         cfg, t = self.cfg, self.cfg.train
         clock = StageClock()
-        random_actions = self.env_steps < cfg.algorithm.learning_starts
+        # a policy that starts from another run acts from the first step; learning still waits
+        random_actions = self.env_steps < cfg.algorithm.learning_starts and self.init_source is None
         beta = cfg.imitation.beta * cfg.imitation.beta_decay ** self.iteration  # DAgger's mixing schedule (0**0 = 1)
         carried, self.carried_weights = self.carried_weights, None
         h_env = self.env.collect_transitions(t.rollout_steps, cfg.algorithm.n_step, random_actions, self.spec.labelling, beta, carried)

@@ -27,10 +27,10 @@ from rlweave.cluster import GroupPlacement, PlacementError, WorkerGroup, wait_al
 from rlweave.config import ConfigError
 from rlweave.flow import FlowPlan, Planner, Replanner, physical_cores, plan_from_groups
 from rlweave.models import build_policy
-from rlweave.config.chain import warmup_config
 from rlweave.models.run_policy import initial_policy_state, policy_kwargs
 from rlweave.runners.common import RunnerBase
 from rlweave.runners.records import StageClock, prefixed_means, total, worst
+from rlweave.runners.warmup import initial_policy_source
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace, write_text_atomic
 from rlweave.workers.actor_worker import ActorWorker
 from rlweave.workers.env_worker import EnvWorker
@@ -91,27 +91,12 @@ class OnPolicyRunner(RunnerBase):
         else:
             first = plan_from_groups(plan.groups["env"], plan.groups["rollout"], cfg.rollout.micro_batches)
         self._apply_flow(first, initial=True)
-        source = self._initial_weights()
+        source = initial_policy_source(self)
         if source is not None:  # a resume or restart then loads its own checkpoint over these
             fresh = self.actor.load_initial_weights(initial_policy_state(source), cfg.init.obs_stats == "keep")
             note = f"; {len(fresh)} tensors it lacks start fresh ({', '.join(sorted({k.split('.')[0] for k in fresh}))})" if fresh else ""
             print(f"[rlweave] policy starts from {source}{note}")
         self.eval_policy = build_policy(observation_space=self.obs_space, action_space=self.act_space, chunk=cfg.env.chunk, **self.pkw)
-
-    def _initial_weights(self) -> str | None:
-        """The run folder the policy starts from: ``init.checkpoint``, else the supervised warm-up
-        ``init.sft_recipe`` (run first into ``RUN/sft`` on this run's cluster, with this run's
-        policy and env settings; continued if an earlier attempt of this run left it unfinished),
-        else None (random weights)."""
-        cfg = self.cfg
-        if cfg.init.checkpoint:
-            return cfg.init.checkpoint
-        if not cfg.init.sft_recipe:
-            return None
-        from rlweave.runners.policy_sft import PolicySFTRunner
-        from rlweave.runners.warmup import run_warmup
-
-        return str(run_warmup(self, PolicySFTRunner, warmup_config(cfg), "eval/success_rate", "success rate"))
 
     def _apply_flow(self, flow: FlowPlan, initial: bool = False) -> None:
         """Lays the env and rollout groups out as ``flow`` says, between iterations. The rollout

@@ -53,3 +53,19 @@ def run_warmup(parent, runner_cls: type, sub_run: SubRun, metric: str, what: str
     done = {"iteration": sub.iteration, "updates": getattr(sub, "updates", None), metric: value}
     (sft_dir / WARMUP_DONE).write_text(json.dumps(done))
     return sft_dir
+
+
+def initial_policy_source(runner) -> str | None:
+    """The run folder an embodied run's policy starts from: ``init.checkpoint``, else the
+    supervised warm-up ``init.sft_recipe`` (run first into ``RUN/sft`` on this run's cluster, with
+    this run's policy and env settings; continued if an earlier attempt of this run left it
+    unfinished), else None (random weights). One rule for the on-policy and off-policy runners."""
+    cfg = runner.cfg
+    if cfg.init.checkpoint:
+        return cfg.init.checkpoint
+    if not cfg.init.sft_recipe:
+        return None
+    from rlweave.config.chain import warmup_config
+    from rlweave.runners.policy_sft import PolicySFTRunner
+
+    return str(run_warmup(runner, PolicySFTRunner, warmup_config(cfg), "eval/success_rate", "success rate"))

@@ -148,6 +148,7 @@ class OffPolicyActorWorker(Worker):
         self.loss_options = LossOptions(
             target_entropy=-float(self.policy.head_dim) if te is None else float(te), autotune_alpha=algo_cfg["autotune_alpha"],
             expectile=algo_cfg["expectile"], temperature=algo_cfg["temperature"], max_weight=algo_cfg["max_weight"],
+            bc_coef=algo_cfg["bc_coef"],
         )
         self.replay: Peer | None = None
         self.updates = 0
@@ -279,6 +280,17 @@ class OffPolicyActorWorker(Worker):
     @group_method("rank0")
     def export_weights(self) -> WeightPacket:
         return share_packet(pack_state(self.policy, self.version))
+
+    @group_method("all")
+    def load_initial_weights(self, state: dict) -> list[str]:
+        """Starts the actor from another run's policy weights (``init.checkpoint``: a behaviour-
+        cloning run, for offline-to-online); critics, target and temperature start fresh. Returns
+        the names of the policy's tensors the source lacks (fresh); a tensor the source has that
+        this policy lacks is an error."""
+        result = self.policy.load_state_dict(state, strict=False)
+        if result.unexpected_keys:
+            raise ValueError(f"init.checkpoint: its policy has tensors this one lacks: {', '.join(result.unexpected_keys[:5])}")
+        return list(result.missing_keys)
 
     @group_method("rank0")
     def state_dict(self) -> dict:
