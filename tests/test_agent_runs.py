@@ -126,6 +126,13 @@ def test_a_curriculum_over_question_kinds_is_logged_checkpointed_and_resumed_exa
     assert scored["prompts"] + scored["dropped"] == len(pool) and scored["dropped"] == 0
     assert {k: n for k, (_, n) in scored["by_kind"].items()} == dict(kinds)
     assert scored["eval/accuracy"] == sum(c for c, _ in scored["by_kind"].values()) / len(pool)
+    # without model/ (a run interrupted or still running) the newest checkpoint is scored: here the
+    # final iteration's, the same weights, so the same answers
+    (tmp_path / "whole" / "model").rename(tmp_path / "whole" / "model.kept")
+    assert main(["eval", str(tmp_path / "whole"), "--all"]) == 0
+    from_checkpoint = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert from_checkpoint.pop("model") == "iter_00000002" and scored.pop("model").endswith("model")
+    assert from_checkpoint == scored
 
 
 def reward_by_kind(prompt, response: str) -> float:

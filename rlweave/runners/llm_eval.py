@@ -1,5 +1,6 @@
-"""``rlweave eval`` for language-model runs: greedy held-out accuracy of a finished run's model on
-as many test prompts as asked, or on the whole test split, with a breakdown by question kind.
+"""``rlweave eval`` for language-model runs: greedy held-out accuracy of a run's model (``model/``
+of a finished run, else its newest verified checkpoint) on as many test prompts as asked, or on
+the whole test split, with a breakdown by question kind.
 
 Why: a run's own evaluation uses ``task.eval_prompts`` fixed test prompts (200 for the agent
 recipes), enough to steer and plot a run but a noisy estimate of the split (grpo-search's +0.21 on
@@ -36,23 +37,55 @@ def held_out_prompts(task, count: int | None) -> list[Prompt]:
     return task.prompts("test", count, EVAL_SEED)
 
 
+def _start_model(run_dir: Path, cfg) -> str | None:
+    """The model folder a run's weights started from (its architecture and tokenizer): the
+    runner's rule, ``init.checkpoint``, else the warm-up's ``sft/model``, else ``model.path``."""
+    from rlweave.runners.llm_checks import resolve_init
+
+    if cfg.init.checkpoint:
+        return str(resolve_init(cfg.init.checkpoint))
+    if cfg.init.sft_recipe:
+        return str(run_dir / "sft" / "model")
+    return cfg.model.path or None
+
+
+def _checkpoint_packet(run_dir: Path, cfg, model_spec: dict, tokenizer):
+    """The newest verified checkpoint's policy as the packet a rollout engine loads (LoRA adapters
+    merged, a value head left out), and the checkpoint's name."""
+    from rlweave.models.causal_lm import CausalLMPolicy, load_causal_lm, merged_state_dict
+    from rlweave.sync.weights import pack_state
+    from rlweave.utils.checkpoint import latest_checkpoint, load_checkpoint
+
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise ConfigError(f"{run_dir}: no model/ folder (written when a language-model run finishes) and no checkpoint")
+    actor = load_checkpoint(ckpt)["actor"]
+    state = (actor[0] if isinstance(actor, list) else actor)["policy"]
+    model = load_causal_lm(model_spec, len(tokenizer), tokenizer=tokenizer)
+    policy = CausalLMPolicy(model, value_head=any(k.startswith("value_head.") for k in state))
+    policy.load_state_dict(state)
+    return pack_state(merged_state_dict(model), 0), ckpt.name
+
+
 def evaluate_lm_run(run_dir: str | Path, cfg, count: int | None) -> dict:
-    """Scores ``run_dir/model`` (written when a run finishes) on held-out prompts: accuracy,
-    response length, the agent figures of multi-turn runs, and ``by_kind`` (correct, asked) when
-    the task's prompts name their kind."""
+    """Scores a run's model on held-out prompts: accuracy, response length, the agent figures of
+    multi-turn runs, and ``by_kind`` (correct, asked) when the task's prompts name their kind. The
+    model is ``run_dir/model`` when the run finished, else its newest verified checkpoint's policy
+    (an interrupted or running run)."""
     from rlweave.agents.workflows import check_workflow
     from rlweave.models.causal_lm import load_tokenizer
     from rlweave.workers.lm_rollout import LMRolloutWorker
 
-    model = Path(run_dir) / "model"
-    if not (model / "config.json").is_file():
-        raise ConfigError(f"{run_dir}: no model/ folder: a language-model run writes it when it finishes "
-                          f"(rlweave resume {run_dir} finishes it)")
+    run_dir = Path(run_dir)
+    final = run_dir / "model"
+    finished = (final / "config.json").is_file()
+    start = str(final) if finished else _start_model(run_dir, cfg)
+    model_spec = {**OmegaConf.to_container(cfg.model), "path": start}
+    tokenizer_path = str(cfg.model.tokenizer or start or run_dir / "tokenizer")
+    tokenizer = load_tokenizer(tokenizer_path)
+    packet, source = (None, str(final)) if finished else _checkpoint_packet(run_dir, cfg, model_spec, tokenizer)
     task_cfg, agent_cfg = OmegaConf.to_container(cfg.task), OmegaConf.to_container(cfg.agent)
     task, workflow = make_task(task_cfg), check_workflow(agent_cfg)
-    model_spec = {**OmegaConf.to_container(cfg.model), "path": str(model)}
-    tokenizer_path = str(cfg.model.tokenizer or model)
-    tokenizer = load_tokenizer(tokenizer_path)
     specs = None
     if workflow is not None:
         from rlweave.agents.rollout import tool_specs
@@ -60,15 +93,18 @@ def evaluate_lm_run(run_dir: str | Path, cfg, count: int | None) -> dict:
         specs = tool_specs(agent_cfg, task)
     prompts, dropped, truncated = fit_prompts(held_out_prompts(task, count), tokenizer, cfg.task.max_prompt_tokens,
                                               cfg.task.prompt_overflow, prompt_overhead(tokenizer, workflow, specs))
-    worker = LMRolloutWorker(model_spec, tokenizer_path, OmegaConf.to_container(cfg.rollout), task_cfg, agent_cfg)
+    worker = LMRolloutWorker({**model_spec, "lora_rank": 0}, tokenizer_path, OmegaConf.to_container(cfg.rollout), task_cfg,
+                             agent_cfg)
     try:
+        if packet is not None:
+            worker.load_weights(packet)
         by_kind: dict[str, list[Prompt]] = {}
         for p in prompts:
             by_kind.setdefault(str(p.meta.get(KIND_KEY, "")), []).append(p)
         outs = {kind: worker.evaluate(group) for kind, group in sorted(by_kind.items())}
     finally:
         worker.close()
-    result = {"model": str(model), "prompts": sum(o["n"] for o in outs.values()), "dropped": dropped,
+    result = {"model": source, "prompts": sum(o["n"] for o in outs.values()), "dropped": dropped,
               "truncated": truncated, **eval_record(list(outs.values()))}
     if len(outs) > 1 or "" not in outs:
         result["by_kind"] = {kind: [o["correct"], o["n"]] for kind, o in outs.items()}
