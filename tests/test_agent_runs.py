@@ -13,6 +13,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from omegaconf import OmegaConf  # noqa: E402
+
 from rlweave.config import ConfigError, load_config  # noqa: E402
 from rlweave.runners.llm import LLMRunner  # noqa: E402
 from rlweave.utils.metrics import read_metrics  # noqa: E402
@@ -127,8 +129,19 @@ def test_a_curriculum_over_question_kinds_is_logged_checkpointed_and_resumed_exa
     assert {k: n for k, (_, n) in scored["by_kind"].items()} == dict(kinds)
     assert scored["eval/accuracy"] == sum(c for c, _ in scored["by_kind"].values()) / len(pool)
     # without model/ (a run interrupted or still running) the newest checkpoint is scored: here the
-    # final iteration's, the same weights, so the same answers
-    (tmp_path / "whole" / "model").rename(tmp_path / "whole" / "model.kept")
+    # final iteration's, the same weights (checked by checksum), so the same answers
+    from rlweave.models.causal_lm import load_causal_lm, load_tokenizer, merged_state_dict
+    from rlweave.runners.llm_eval import _checkpoint_packet
+    from rlweave.sync.weights import pack_state
+
+    cfg = load_config("grpo-search", overrides)
+    final = tmp_path / "whole" / "model"
+    tokenizer = load_tokenizer(str(final))
+    spec = {**OmegaConf.to_container(cfg.model), "path": None}
+    packet, _ = _checkpoint_packet(tmp_path / "whole", cfg, spec, tokenizer)
+    saved = merged_state_dict(load_causal_lm({**spec, "path": str(final)}, len(tokenizer)))
+    assert packet.checksum == pack_state(saved, 0).checksum
+    final.rename(tmp_path / "whole" / "model.kept")
     assert main(["eval", str(tmp_path / "whole"), "--all"]) == 0
     from_checkpoint = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert from_checkpoint.pop("model") == "iter_00000002" and scored.pop("model").endswith("model")

@@ -34,13 +34,13 @@ from rlweave.envs.text_tasks import Prompt, make_task
 from rlweave.runners.common import Budget, RunnerBase
 from rlweave.runners.layouts import llm_layout_candidates
 from rlweave.runners.llm_batches import assemble, eval_record, fresh_groups, groups_of, rl_metrics
-from rlweave.runners.llm_checks import check_llm, resolve_init, sft_config
+from rlweave.runners.llm_checks import check_llm, sft_config, start_weights, tokenizer_folder
 from rlweave.runners.llm_prompts import EVAL_SEED, check_prompt_fit, fit_prompts, prompt_overhead
 from rlweave.runners.records import StageClock
 from rlweave.sync.weights import verify_sync
 from rlweave.utils.metrics import MetricsWriter, Progress, Trace
 
-__all__ = ["LLMRunner", "check_llm", "resolve_init", "sft_config"]
+__all__ = ["LLMRunner", "check_llm", "sft_config"]
 
 START_ACCURACY_FLOOR = 0.02  # below this at the start of RL, a run is warned that it will see few rewards
 
@@ -130,25 +130,26 @@ class LLMRunner(RunnerBase):
                                and all(self.rollout.share_actor_weights(self.actor.name)))
 
     def _init_weights(self) -> Path | None:
-        """Where the weights start: ``init.checkpoint``, else the SFT warm-up's result (run first,
-        into ``sft/``, unless a previous attempt of this run finished it), else ``model``."""
+        """Where the weights start (:func:`start_weights`); a chained SFT warm-up is trained first
+        (into ``sft/``, unless a previous attempt of this run finished it)."""
         cfg = self.cfg
-        if cfg.init.checkpoint:
-            return resolve_init(cfg.init.checkpoint)
-        if self.sft or not cfg.init.sft_recipe:
-            return None
+        start = start_weights(cfg, self.run_dir, chained=not self.sft)
+        if cfg.init.checkpoint or self.sft or not cfg.init.sft_recipe:
+            return start
         from rlweave.runners.warmup import run_warmup
 
         def check_before_training(sub: "LLMRunner") -> None:
             # the checks that need the tokenizer, for the warm-up's settings and this run's, before any training
             from rlweave.models.causal_lm import load_tokenizer
 
-            start = resolve_init(sub.cfg.init.checkpoint) if sub.cfg.init.checkpoint else sub.cfg.model.path
-            tokenizer = load_tokenizer(sub._tokenizer(str(start) if start else None))  # the one the warm-up will load
+            sub_start = start_weights(sub.cfg, sub.run_dir, chained=False)
+            tokenizer = load_tokenizer(sub._tokenizer(str(sub_start) if sub_start else None))  # the one the warm-up will load
             sub.check_prompts(tokenizer)
             self.check_prompts(tokenizer)
 
-        return run_warmup(self, LLMRunner, sft_config(cfg), "eval/accuracy", "accuracy", check_before_training) / "model"
+        done = run_warmup(self, LLMRunner, sft_config(cfg), "eval/accuracy", "accuracy", check_before_training) / "model"
+        assert done == start, (done, start)
+        return start
 
     def check_prompts(self, tokenizer) -> None:
         """Refuses, before any work, prompts that do not fit (:func:`check_prompt_fit`)."""
@@ -158,11 +159,9 @@ class LLMRunner(RunnerBase):
         """The tokenizer folder every worker loads: the configured one, the model's, or one
         trained here on the task's text (saved in the run folder, so a resume reuses it)."""
         m = self.cfg.model
-        if m.tokenizer:
-            return str(m.tokenizer)
-        if model_path:
-            return str(model_path)
-        path = self.run_dir / "tokenizer"
+        path = tokenizer_folder(self.cfg, self.run_dir, model_path)
+        if m.tokenizer or model_path:
+            return str(path)
         if not (path / "tokenizer_config.json").is_file():
             from rlweave.models.causal_lm import train_tokenizer
 

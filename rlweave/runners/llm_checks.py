@@ -15,7 +15,7 @@ from rlweave.config.chain import warmup_config
 from rlweave.envs.text_tasks import TaskDataError, make_task
 from rlweave.runners.checks import algorithm_for_runner, check_update_threads
 
-__all__ = ["check_llm", "resolve_init", "sft_config"]
+__all__ = ["check_llm", "resolve_init", "sft_config", "start_weights", "tokenizer_folder"]
 
 
 def resolve_init(path: str | Path) -> Path:
@@ -27,6 +27,26 @@ def resolve_init(path: str | Path) -> Path:
         return p / "model"
     raise ConfigError(f"init.checkpoint: {p} is neither a Hugging Face model folder (config.json) nor a finished "
                       "run folder (model/config.json)")
+
+
+def start_weights(cfg: DictConfig, run_dir: Path, chained: bool = True) -> Path | None:
+    """Where a language-model run's weights start: ``init.checkpoint``, else (``chained``: an RL
+    run whose warm-up ``init.sft_recipe`` runs first) the warm-up's ``RUN/sft/model``, else
+    ``model.path`` (None: built from the config). One rule for the runner, which trains that
+    warm-up before reading it, and for ``rlweave eval``, which rebuilds a run's model from it."""
+    if cfg.init.checkpoint:
+        return resolve_init(cfg.init.checkpoint)
+    if chained and cfg.init.sft_recipe:
+        return Path(run_dir) / "sft" / "model"
+    return Path(cfg.model.path) if cfg.model.path else None
+
+
+def tokenizer_folder(cfg: DictConfig, run_dir: Path, model_path: str | Path | None) -> Path:
+    """The tokenizer every worker loads: ``model.tokenizer``, else the start model's own, else the
+    one trained on the task's text into ``RUN/tokenizer`` (the runner trains it when missing)."""
+    if cfg.model.tokenizer:
+        return Path(cfg.model.tokenizer)
+    return Path(model_path) if model_path else Path(run_dir) / "tokenizer"
 
 
 def check_llm(cfg: DictConfig):

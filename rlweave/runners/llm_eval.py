@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from rlweave.config import ConfigError
 from rlweave.envs.text_tasks import Prompt, make_task
 from rlweave.runners.llm_batches import eval_record
+from rlweave.runners.llm_checks import start_weights, tokenizer_folder
 from rlweave.runners.llm_prompts import EVAL_SEED, fit_prompts, prompt_overhead
 
 __all__ = ["evaluate_lm_run", "held_out_prompts"]
@@ -35,18 +36,6 @@ def held_out_prompts(task, count: int | None) -> list[Prompt]:
             raise ConfigError(f"--all: task {task.name} generates its prompts as they are drawn and has no whole "
                               "test split; give --episodes N") from None
     return task.prompts("test", count, EVAL_SEED)
-
-
-def _start_model(run_dir: Path, cfg) -> str | None:
-    """The model folder a run's weights started from (its architecture and tokenizer): the
-    runner's rule, ``init.checkpoint``, else the warm-up's ``sft/model``, else ``model.path``."""
-    from rlweave.runners.llm_checks import resolve_init
-
-    if cfg.init.checkpoint:
-        return str(resolve_init(cfg.init.checkpoint))
-    if cfg.init.sft_recipe:
-        return str(run_dir / "sft" / "model")
-    return cfg.model.path or None
 
 
 def _checkpoint_packet(run_dir: Path, cfg, model_spec: dict, tokenizer):
@@ -79,9 +68,10 @@ def evaluate_lm_run(run_dir: str | Path, cfg, count: int | None) -> dict:
     run_dir = Path(run_dir)
     final = run_dir / "model"
     finished = (final / "config.json").is_file()
-    start = str(final) if finished else _start_model(run_dir, cfg)
+    origin = final if finished else start_weights(cfg, run_dir)
+    start = str(origin) if origin else None
     model_spec = {**OmegaConf.to_container(cfg.model), "path": start}
-    tokenizer_path = str(cfg.model.tokenizer or start or run_dir / "tokenizer")
+    tokenizer_path = str(tokenizer_folder(cfg, run_dir, start))
     tokenizer = load_tokenizer(tokenizer_path)
     packet, source = (None, str(final)) if finished else _checkpoint_packet(run_dir, cfg, model_spec, tokenizer)
     task_cfg, agent_cfg = OmegaConf.to_container(cfg.task), OmegaConf.to_container(cfg.agent)
