@@ -136,6 +136,11 @@ def test_metaworld_task_blocks_and_success_reward():
     env = make_env("reach-v3", reward="success")
     env.reset(seed=0)
     assert env.step(env.action_space.sample() * 0)[1] == 0.0
+    env = make_env("reach-v3", reward="step_cost")
+    env.reset(seed=0)
+    assert env.step(env.action_space.sample() * 0)[1] == -1.0
+    with pytest.raises(ValueError, match="env.kwargs.reward"):
+        make_env("reach-v3", reward="sparse")
 
 
 @pytest.mark.parametrize("head", ["discrete", "flow"])

@@ -132,6 +132,12 @@ def parse_tasks(spec: str) -> list[str]:
     return tasks
 
 
+# env.kwargs.reward: MetaWorld's shaped reward; 1 on the step that succeeds; or -1 on every other
+# step (DSRL's sparse convention: a soft-Q learner's entropy bonus, paid every step, is small
+# beside a cost paid every step, where it swamps a single 1 at the end)
+REWARDS = ("dense", "success", "step_cost")
+
+
 class MetaWorldEnv(FrameSkipping, gym.Env):
     """One MetaWorld task as a manipulation-contract env (or MetaWorld's flat 39-D state with
     ``obs="flat"``, for state-based policies)."""
@@ -164,9 +170,9 @@ class MetaWorldEnv(FrameSkipping, gym.Env):
         self._split = 1 if split == "test" else 0
         self._flat = obs == "flat"
         self.terminate_on_success = bool(terminate_on_success)
-        if reward not in ("dense", "success"):
-            raise ValueError(f"env.kwargs.reward: '{reward}' is not 'dense' (MetaWorld's shaped reward) or 'success'")
-        self.sparse = reward == "success"
+        if reward not in REWARDS:
+            raise ValueError(f"env.kwargs.reward: '{reward}' is not one of {', '.join(REWARDS)}")
+        self.reward = reward
 
         core = ALL_V3_ENVIRONMENTS[task]()
         core._partially_observable = False  # the goal is part of the (privileged) state
@@ -219,8 +225,10 @@ class MetaWorldEnv(FrameSkipping, gym.Env):
     def step(self, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
         raw, reward, _, truncated, info = self._core.step(np.asarray(action, dtype=np.float32))
         success = bool(info.get("success", False))
-        if self.sparse:  # 1 on the step that succeeds: an episode's return is its success
+        if self.reward == "success":  # 1 on the step that succeeds: an episode's return is its success
             reward = float(success)
+        elif self.reward == "step_cost":  # -1 on every step that does not succeed: the return counts the steps to success
+            reward = float(success) - 1.0
         info = dict(info, success=success, task_name=self.task_name)
         terminated = success and self.terminate_on_success
         truncated = bool(truncated or self._core.curr_path_length >= self.max_episode_steps)
