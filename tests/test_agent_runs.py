@@ -146,6 +146,14 @@ def test_a_curriculum_over_question_kinds_is_logged_checkpointed_and_resumed_exa
     from_checkpoint = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert from_checkpoint.pop("model") == "iter_00000002" and scored.pop("model").endswith("model")
     assert from_checkpoint == scored
+    # a model/ folder older than the newest checkpoint (a stopped run, resumed) is passed over
+    from rlweave.runners.llm_checks import MODEL_RECORD
+
+    (tmp_path / "whole" / "model.kept").rename(final)
+    assert json.loads((final / MODEL_RECORD).read_text()) == {"iteration": 2}
+    (final / MODEL_RECORD).write_text(json.dumps({"iteration": 1}))
+    assert main(["eval", str(tmp_path / "whole"), "--episodes", "4"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["model"] == "iter_00000002"
 
 
 def reward_by_kind(prompt, response: str) -> float:

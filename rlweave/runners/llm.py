@@ -18,6 +18,7 @@ whatever the number of workers.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ from rlweave.envs.text_tasks import Prompt, make_task
 from rlweave.runners.common import Budget, RunnerBase
 from rlweave.runners.layouts import llm_layout_candidates
 from rlweave.runners.llm_batches import assemble, eval_record, fresh_groups, groups_of, rl_metrics
-from rlweave.runners.llm_checks import check_llm, sft_config, start_weights, tokenizer_folder
+from rlweave.runners.llm_checks import MODEL_RECORD, check_llm, sft_config, start_weights, tokenizer_folder
 from rlweave.runners.llm_prompts import EVAL_SEED, check_prompt_fit, fit_prompts, prompt_overhead
 from rlweave.runners.records import StageClock
 from rlweave.sync.weights import verify_sync
@@ -467,11 +468,14 @@ class LLMRunner(RunnerBase):
         self._logged_initial_eval = True
 
     def _after_run(self) -> None:
-        """A finished run leaves its model as a Hugging Face folder: ``RUN/model``."""
+        """A finished (or stopped) run leaves its model as a Hugging Face folder, ``RUN/model``,
+        with the iteration it holds (:data:`MODEL_RECORD`): a resumed run's checkpoints are newer
+        than it until the run ends again, and ``rlweave eval`` scores the newer of the two."""
         final = self.run_dir / "model"
         tmp = self.run_dir / "model.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         self.actor.save_pretrained(str(tmp))
+        (tmp / MODEL_RECORD).write_text(json.dumps({"iteration": self.iteration}))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
 

@@ -15,7 +15,10 @@ from rlweave.config.chain import warmup_config
 from rlweave.envs.text_tasks import TaskDataError, make_task
 from rlweave.runners.checks import algorithm_for_runner, check_update_threads
 
-__all__ = ["check_llm", "resolve_init", "sft_config", "start_weights", "tokenizer_folder"]
+__all__ = ["MODEL_RECORD", "check_llm", "resolve_init", "sft_config", "start_weights", "tokenizer_folder"]
+
+# written into RUN/model beside the weights: {"iteration": N}, the run's iteration when it wrote them
+MODEL_RECORD = "rlweave_run.json"
 
 
 def resolve_init(path: str | Path) -> Path:

@@ -11,6 +11,7 @@ driver's process, without Ray or an actor.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -18,7 +19,7 @@ from omegaconf import OmegaConf
 from rlweave.config import ConfigError
 from rlweave.envs.text_tasks import Prompt, make_task
 from rlweave.runners.llm_batches import eval_record
-from rlweave.runners.llm_checks import start_weights, tokenizer_folder
+from rlweave.runners.llm_checks import MODEL_RECORD, start_weights, tokenizer_folder
 from rlweave.runners.llm_prompts import EVAL_SEED, fit_prompts, prompt_overhead
 
 __all__ = ["evaluate_lm_run", "held_out_prompts"]
@@ -36,6 +37,23 @@ def held_out_prompts(task, count: int | None) -> list[Prompt]:
             raise ConfigError(f"--all: task {task.name} generates its prompts as they are drawn and has no whole "
                               "test split; give --episodes N") from None
     return task.prompts("test", count, EVAL_SEED)
+
+
+def _model_is_newest(run_dir: Path, final: Path) -> bool:
+    """Whether ``RUN/model`` holds the run's newest weights: it exists and no checkpoint is of a
+    later iteration (a stopped run that was resumed has newer checkpoints until it ends again).
+    A model folder without the run's record (written before it existed) is compared by time."""
+    from rlweave.utils.checkpoint import latest_checkpoint
+
+    if not (final / "config.json").is_file():
+        return False
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        return True
+    record = final / MODEL_RECORD
+    if record.is_file():
+        return json.loads(record.read_text())["iteration"] >= int(ckpt.name.split("_")[1])
+    return (final / "config.json").stat().st_mtime >= ckpt.stat().st_mtime
 
 
 def _checkpoint_packet(run_dir: Path, cfg, model_spec: dict, tokenizer):
@@ -59,15 +77,15 @@ def _checkpoint_packet(run_dir: Path, cfg, model_spec: dict, tokenizer):
 def evaluate_lm_run(run_dir: str | Path, cfg, count: int | None) -> dict:
     """Scores a run's model on held-out prompts: accuracy, response length, the agent figures of
     multi-turn runs, and ``by_kind`` (correct, asked) when the task's prompts name their kind. The
-    model is ``run_dir/model`` when the run finished, else its newest verified checkpoint's policy
-    (an interrupted or running run)."""
+    model is ``run_dir/model`` when it holds the run's newest weights, else the newest verified
+    checkpoint's policy (an interrupted, running or resumed run)."""
     from rlweave.agents.workflows import check_workflow
     from rlweave.models.causal_lm import load_tokenizer
     from rlweave.workers.lm_rollout import LMRolloutWorker
 
     run_dir = Path(run_dir)
     final = run_dir / "model"
-    finished = (final / "config.json").is_file()
+    finished = _model_is_newest(run_dir, final)
     origin = final if finished else start_weights(cfg, run_dir)
     start = str(origin) if origin else None
     model_spec = {**OmegaConf.to_container(cfg.model), "path": start}
