@@ -214,6 +214,21 @@ def test_success_by_task():
     assert env.episode_stats()["success_by_task"] == {}  # popped; the key stays for multi-task envs
 
 
+def test_training_metrics_give_each_tasks_success_across_env_workers():
+    from rlweave.runners.common import RunnerBase
+
+    def report(success, by_task):
+        return {"episodes": {"return": success, "length": [5] * len(success), "success": success,
+                             "success_by_task": by_task}, "dropped_episodes": 0}
+
+    out = RunnerBase._episode_metrics([report([1.0, 0.0], {"reach": [1.0], "push": [0.0]}),
+                                       report([1.0, 1.0, 0.0], {"reach": [1.0, 0.0], "push": [1.0]})])
+    assert out["train/success_rate"] == 0.6
+    assert out["train/success_rate/reach"] == pytest.approx(2 / 3) and out["train/success_rate/push"] == 0.5
+    single = RunnerBase._episode_metrics([{"episodes": {"return": [1.0], "length": [5], "success": [1.0]}, "dropped_episodes": 0}])
+    assert not any(k.startswith("train/success_rate/") for k in single)
+
+
 def test_single_task_array_envs_keep_the_plain_keys():
     env = VectorEnv("CartPole-v1", 1, seed=0)
     env.reset()

@@ -245,6 +245,12 @@ class RunnerBase(Tracking):
         success = [r for o in env_out for r in o["episodes"]["success"]]
         if success:
             out["train/success_rate"] = float(np.mean(success))
+        by_task: dict[str, list] = {}  # multi-task suites: which task a policy gains or loses while training
+        for o in env_out:
+            for task, flags in (o["episodes"].get("success_by_task") or {}).items():
+                by_task.setdefault(task, []).extend(flags)
+        for task, flags in sorted(by_task.items()):
+            out[f"train/success_rate/{task}"] = float(np.mean(flags))
         out["train/dropped_episodes"] = sum(o["dropped_episodes"] for o in env_out)
         return out
 
