@@ -103,6 +103,7 @@ def overrides(s: dict, name: str, k: int | None, run_dir: str) -> list[str]:
         *(QUICK_MODEL if s["quick"] else []),
         f"train.rollout_steps={s['steps']}", f"train.total_env_steps={s['envs'] * s['steps'] * CHUNK * iterations_of(s, name)}",
         "train.eval_every=0", "train.checkpoint_every=0", "init.checkpoint=null", "init.sft_recipe=null",
+        "algorithm.critic_warmup_iterations=0",  # every timed iteration the same PPO update
         "run.progress=false", "run.tensorboard=false", f"seed={s['seed']}", f"cluster.num_cpus={s['slots']}",
         "placement.groups.actor.slots=0", f"placement.groups.actor.threads={s['actor_threads']}", *s.get("extra", []),
     ]
