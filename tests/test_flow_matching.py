@@ -261,6 +261,40 @@ def test_policy_act_evaluate_contract(space, kw):
     assert p.act(obs, noise=noise)[0].shape == (n, chunk, *shape)
 
 
+def test_step_ratio_reports_one_log_prob_per_denoising_step():
+    """``ratio: step`` (DPPO's denoising MDP): act and evaluate give [B, K] per-step log-probs that
+    sum to the chain's, and PPO takes one clipped ratio per step with the row's advantage."""
+    from omegaconf import OmegaConf
+
+    from rlweave.algorithms.contracts import OnPolicyLossInput
+    from rlweave.algorithms.losses import ppo_objective, ppo_policy_loss
+
+    chunk, steps, n = 2, 4, 5
+    chain_p = build_policy("flow_mlp", OBS, BOX, chunk=chunk, steps=steps, hidden=(32, 32))
+    step_p = build_policy("flow_mlp", OBS, BOX, chunk=chunk, steps=steps, hidden=(32, 32), ratio="step")
+    step_p.load_state_dict(chain_p.state_dict())
+    obs, noise = torch.randn(n, 7), chain_p.sample_noise(n, torch.Generator().manual_seed(3))
+    stored, lp_chain, _ = chain_p.act(obs, noise=noise)
+    stored2, lp_steps, _ = step_p.act(obs, noise=noise)
+    assert torch.equal(stored, stored2) and lp_steps.shape == (n, steps)
+    torch.testing.assert_close(lp_steps.sum(-1), lp_chain, rtol=1e-5, atol=1e-4)
+    new_lp, ent, _ = step_p.evaluate(obs, stored)
+    assert new_lp.shape == (n, steps) and ent.shape == (n,)
+    torch.testing.assert_close(new_lp, lp_steps, rtol=1e-5, atol=1e-4)
+    # the registry's PPO objective: each step's ratio against the row's advantage
+    adv = torch.randn(n)
+    old = lp_steps + 0.3 * torch.randn(n, steps)  # ratios away from 1, some clipped
+    cfg = OmegaConf.create({"vf_coef": 0.5, "ent_coef": 0.0})
+    terms = ppo_objective(OnPolicyLossInput(log_prob=new_lp, old_log_prob=old, advantages=adv, entropy=None,
+                                            values=None, old_values=None, returns=None, obs=obs, action=stored,
+                                            clip_eps=0.2, cfg=cfg))
+    by_hand = ppo_policy_loss(new_lp, old, adv[:, None].expand(n, steps), clip_eps=0.2)
+    for k in ("loss_policy", "clip_fraction", "approx_kl"):
+        torch.testing.assert_close(terms[k], by_hand[k])
+    with pytest.raises(ValueError, match="ratio must be one of"):
+        build_policy("flow_mlp", OBS, BOX, ratio="token")
+
+
 def test_policy_state_dict_round_trip():
     kw = dict(chunk=2, steps=5, hidden=(32, 32), sampler="flow_noise", normalize_obs=True)
     p = build_policy("flow_mlp", OBS, BOX, **kw)
@@ -289,12 +323,14 @@ def test_registry_spaces_and_config_kwargs():
         build_policy("flow_mlp", OBS, BOX, sampler="ode")
 
 
-def test_ppo_trains_a_flow_policy_through_the_runner(ray_session, tmp_path):
-    """The on-policy workers carry the stored chain (learner) and the executed chunk (env) apart."""
+@pytest.mark.parametrize("ratio", ["chain", "step"])
+def test_ppo_trains_a_flow_policy_through_the_runner(ray_session, tmp_path, ratio):
+    """The on-policy workers carry the stored chain (learner) and the executed chunk (env) apart;
+    with ``ratio: step`` the per-step log-probs travel as [T, N, K] to the actor's batch."""
     from tests.helpers import QUIET, read_metrics, train
 
     rc, out = train(
-        "ppo-halfcheetah", "env.id=Pendulum-v1", "policy.name=flow_mlp", "policy.kwargs.steps=3",
+        "ppo-halfcheetah", "env.id=Pendulum-v1", "policy.name=flow_mlp", "policy.kwargs.steps=3", f"policy.kwargs.ratio={ratio}",
         "policy.kwargs.hidden=[32,32]", "env.chunk=2", "env.num_envs=2", "train.rollout_steps=16",
         "train.total_env_steps=128", "algorithm.epochs=1", "train.eval_every=2", "train.eval_episodes=1",
         f"run.dir={tmp_path / 'run'}", *QUIET,

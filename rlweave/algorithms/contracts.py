@@ -123,7 +123,9 @@ class OnPolicyLossInput:
     ``algorithm.ent_coef`` is 0, so it stays out of the graph); the critic's new ``values``, the
     rollout's ``old_values`` and the ``returns`` (all None without a critic); ``obs`` and
     ``action`` for losses that need more than log-probs; ``clip_eps`` after annealing;
-    ``cfg``: the ``algorithm`` config section."""
+    ``cfg``: the ``algorithm`` config section. A policy that reports one log-prob per factor of an
+    action (a flow policy with ``ratio: step``: one per denoising step) gives ``log_prob`` and
+    ``old_log_prob`` as ``[B, K]``; everything else stays ``[B]``."""
 
     log_prob: Tensor
     old_log_prob: Tensor

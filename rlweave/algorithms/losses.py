@@ -216,10 +216,16 @@ def total_loss(terms: dict[str, Tensor]) -> Tensor:
 
 def ppo_objective(inp: OnPolicyLossInput) -> dict[str, Tensor]:
     """Registry entry ``ppo`` (kind on_policy): :func:`ppo_loss` with the ``algorithm`` section's
-    settings (``clip_eps`` arrives annealed); a value loss when the minibatch has a critic's values."""
+    settings (``clip_eps`` arrives annealed); a value loss when the minibatch has a critic's values.
+    A log-prob with more axes than the advantages ([B, K] against [B]) is taken factor by factor."""
     c = inp.cfg
+    adv = inp.advantages
+    if inp.log_prob.dim() > adv.dim():
+        # a log-prob of several factors per row (a flow policy's denoising steps, ``ratio: step``):
+        # one ratio per factor, each with its row's advantage
+        adv = adv.reshape(*adv.shape, *[1] * (inp.log_prob.dim() - adv.dim())).expand_as(inp.log_prob)
     return ppo_loss(
-        inp.log_prob, inp.old_log_prob, inp.advantages, inp.entropy,
+        inp.log_prob, inp.old_log_prob, adv, inp.entropy,
         values=inp.values, old_values=inp.old_values, returns=inp.returns,
         clip_eps=inp.clip_eps, clip_eps_high=c.get("clip_eps_high"), dual_clip=c.get("dual_clip"),
         value_clip=c.get("value_clip"), vf_coef=c["vf_coef"], ent_coef=c["ent_coef"],

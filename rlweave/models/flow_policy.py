@@ -48,6 +48,7 @@ from .policies import _FUNCTIONAL, Policy, _activation, _init_layer, _mlp_body
 __all__ = ["FlowPolicy"]
 
 _STOCHASTIC = ("flow_sde", "flow_noise")
+_RATIOS = ("chain", "step")
 
 
 class FlowPolicy(Policy):
@@ -61,7 +62,11 @@ class FlowPolicy(Policy):
     (learned noise: one log-std per step and action element initialised at ``noise_std``, or, with
     ``noise_net=True``, a state-dependent std head on the velocity trunk, bounded to
     ``noise_std_bounds``). ``steps``: K Euler steps. ``time_sampling``: the BC loss's t
-    distribution (``"uniform"`` or π0's ``"beta"``).
+    distribution (``"uniform"`` or π0's ``"beta"``). ``ratio``: what ``act`` and ``evaluate`` report
+    as the log-prob, so what PPO takes its ratio of: ``"chain"`` (the whole denoising chain's [B],
+    πRL's) or ``"step"`` (one per denoising step [B, K], each step a decision of the denoising MDP
+    sharing the chunk's advantage, as DPPO: a ratio of one Gaussian transition moves less than
+    that of K of them, so fewer rows are clipped away).
     """
 
     def __init__(self, obs_dim: int, action_space: gym.spaces.Space, hidden: Sequence[int] = (256, 256),
@@ -69,7 +74,7 @@ class FlowPolicy(Policy):
                  steps: int = 10, sampler: str = "flow_sde", noise_level: float = 0.5, noise_std: float = 0.1,
                  noise_net: bool = False, noise_std_bounds: tuple[float, float] = (0.02, 0.5),
                  time_dim: int = 32, critic_hidden: Sequence[int] | None = None, ortho_init: bool = True,
-                 time_sampling: str = "uniform", store_chain: bool = True):
+                 time_sampling: str = "uniform", store_chain: bool = True, ratio: str = "chain"):
         if not isinstance(action_space, gym.spaces.Box):
             raise TypeError(f"FlowPolicy needs a Box action space, got {action_space}")
         super().__init__(action_space, chunk=chunk, critic=critic)
@@ -80,6 +85,8 @@ class FlowPolicy(Policy):
             raise ValueError(f"time_sampling must be one of {TIME_SAMPLING}, got {time_sampling!r}")
         if int(steps) < 1:
             raise ValueError(f"steps must be >= 1, got {steps!r}")
+        if ratio not in _RATIOS:
+            raise ValueError(f"ratio must be one of {_RATIOS}, got {ratio!r}")
         if noise_net and sampler != "flow_noise":
             raise ValueError("noise_net=True needs sampler='flow_noise'")
         hidden = tuple(int(h) for h in hidden)
@@ -90,6 +97,7 @@ class FlowPolicy(Policy):
         self.sampler = sampler
         self.time_sampling = time_sampling
         self.store_chain = bool(store_chain)
+        self.ratio = ratio
         self.noise_net = bool(noise_net)
         self.stored_action_shape = (self.steps + 1, self.chunk, *self.action_shape)
         self.action_dim_stored = (self.steps + 1) * self.head_dim
@@ -215,9 +223,10 @@ class FlowPolicy(Policy):
         else:
             s = sample_chain(velocity, x0, self.steps, self.sampler, self._noise_std(), step_noise=eps[:, 1:])
         value = self._critic(obs_n) if self.has_critic else obs_n.new_zeros(B)
+        log_prob = s.log_prob if self.ratio == "chain" else s.step_log_prob
         if self.store_chain:
-            return s.chain.view(B, *self.stored_action_shape), s.log_prob, value
-        return s.actions.view(B, self.chunk, *self.action_shape), s.log_prob, value
+            return s.chain.view(B, *self.stored_action_shape), log_prob, value
+        return s.actions.view(B, self.chunk, *self.action_shape), log_prob, value
 
     def evaluate(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Log-prob [B] of the stored chains ``action`` under the current weights (one folded
@@ -230,7 +239,7 @@ class FlowPolicy(Policy):
         chain = action.to(obs_n.dtype).reshape(B, self.steps + 1, self.chunk, self.act_dim)
         stats = chain_stats(self.velocity_fn(obs_n), chain, self.sampler, self._noise_std(), fold_steps=True)
         value = self._critic(obs_n) if self.has_critic else obs_n.new_zeros(B)
-        return stats.log_prob, stats.entropy, value
+        return (stats.log_prob if self.ratio == "chain" else stats.step_log_prob), stats.entropy, value
 
     def distribution_params(self, obs: Tensor) -> Tensor:
         """The deterministic action (ODE from x_0 = 0) [B, chunk, *action_shape]: the flow has no

@@ -175,11 +175,12 @@ class ActorWorker(Worker):
         info: dict = dict(est.info)
         returns = est.returns if est.returns is not None else torch.zeros(T, N)
         actions = torch.from_numpy(cat("action"))
+        log_probs = torch.from_numpy(cat("log_prob")).float()
         batch = TensorDict(
             {
                 "obs": flat_obs,
                 "action": actions.reshape(T * N, *actions.shape[2:]),
-                "log_prob": torch.from_numpy(cat("log_prob")).float().reshape(-1),
+                "log_prob": log_probs.reshape(T * N, *log_probs.shape[2:]),  # [T*N] or, per factor, [T*N, K]
                 "adv": est.advantages.reshape(-1),
                 "returns": returns.reshape(-1),
                 "value": old_values.reshape(-1),
