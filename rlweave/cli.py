@@ -131,7 +131,8 @@ def cmd_eval(args) -> int:
     if videos < 0:
         return _fail(f"--video: must be >= 0, got {videos}")
     result = evaluate_policy(run.policy, OmegaConf.to_container(cfg.env), args.episodes, seed=args.seed, gamma=cfg.algorithm.gamma,
-                             videos=videos, video_dir=Path(args.run_dir) / "videos", tag=f"eval_{run.checkpoint.name}")
+                             videos=videos, video_dir=Path(args.run_dir) / "videos", tag=f"eval_{run.checkpoint.name}",
+                             max_envs=cfg.train.get("eval_max_envs"))
     result = {"checkpoint": run.checkpoint.name, "episodes": args.episodes, **result}
     if videos and not result.get("eval/videos"):
         print(f"rlweave eval: --video: env '{cfg.env.id}' gives no camera images; no video written", file=sys.stderr)

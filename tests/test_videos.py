@@ -121,6 +121,24 @@ def test_evaluate_records_metaworld_episodes_with_instruction_and_outcome(tmp_pa
     np.testing.assert_array_equal(_bottom_colour(video[-1]), RED)
 
 
+def test_evaluation_in_batches_of_envs_is_the_same_evaluation(tmp_path):
+    """``max_envs`` (train.eval_max_envs) bounds the envs alive at once; each episode keeps the seed
+    and the task (env slot) it has when all run at once, and videos continue across batches."""
+    pytest.importorskip("metaworld")
+    env = {"id": "metaworld/reach-v3,button-press-topdown-v3", "max_episode_steps": 12,
+           "pixels": {"enabled": True, "width": 32, "height": 32}}
+    whole = evaluate_policy(_ScriptedPolicy(_expert), env, episodes=5, seed=3, videos=3, video_dir=tmp_path / "a", tag="t")
+    batched = evaluate_policy(_ScriptedPolicy(_expert), env, episodes=5, seed=3, videos=3, video_dir=tmp_path / "b",
+                              tag="t", max_envs=2)
+    assert {k: v for k, v in whole.items() if k != "eval/videos"} == {k: v for k, v in batched.items() if k != "eval/videos"}
+    assert {"eval/success_rate/reach-v3", "eval/success_rate/button-press-topdown-v3"} <= set(whole)
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["t_ep0.gif", "t_ep1.gif", "t_ep2.gif"]
+    for name in ("t_ep0.gif", "t_ep2.gif"):  # the third episode ran in the second batch: the same frames
+        np.testing.assert_array_equal(iio.imread(tmp_path / "a" / name, index=None), iio.imread(tmp_path / "b" / name, index=None))
+    with pytest.raises(ValueError, match="train.eval_max_envs"):
+        evaluate_policy(_ScriptedPolicy(_expert), env, episodes=2, seed=0, max_envs=0)
+
+
 def test_evaluate_records_pixel_gym_envs_and_skips_envs_without_images(tmp_path):
     pix = {"id": "InvertedPendulum-v5", "max_episode_steps": 8,
            "pixels": {"enabled": True, "width": 32, "height": 32, "frame_stack": 2}}  # [32, 32, 6]: newest frame

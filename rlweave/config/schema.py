@@ -390,6 +390,9 @@ class TrainConfig:
     # of each evaluation's episodes, how many to record as videos (camera images, instruction,
     # outcome) under RUN/videos/; 0 = none. Envs without images record nothing
     eval_videos: int = non_negative(0)
+    # at most this many evaluation envs at once (the episodes run in batches, each with the seed and
+    # task it has when all run at once); null = all at once. A LIBERO env holds ~1 GB
+    eval_max_envs: Optional[int] = field(default=None, metadata={"min": 1})
     checkpoint_every: int = non_negative(25)  # iterations; 0 = only at the end
     # off-policy: the learner trains while env workers collect. A transition may reach the learner
     # at most max_staleness policy versions after the one that acted (0 = collect, then train);

@@ -187,6 +187,7 @@ class VectorEnv:
         reward_clip: float = 10.0,
         on_nonfinite: str = "error",
         kwargs: dict | None = None,
+        first_slot: int | None = None,
     ):
         self.env_id, self.num_envs, self.chunk, self.rank = env_id, num_envs, chunk, rank
         self.on_nonfinite = on_nonfinite
@@ -197,8 +198,9 @@ class VectorEnv:
         if pixels and pixels.get("enabled"):
             make_kwargs["pixels"] = pixels
         takes_slot = "slot" in inspect.signature(make).parameters
+        first_slot = rank * num_envs if first_slot is None else first_slot  # an evaluation batch gives its own
         self.envs = [
-            make(**make_kwargs, slot=rank * num_envs + i) if takes_slot else make(**make_kwargs) for i in range(num_envs)
+            make(**make_kwargs, slot=first_slot + i) if takes_slot else make(**make_kwargs) for i in range(num_envs)
         ]
         # suites that can skip rendering inside a chunk (manipulation.FrameSkipping): rendered once a decision
         self._skips = [env.unwrapped if chunk > 1 and hasattr(env.unwrapped, "observe_images") else None for env in self.envs]

@@ -280,7 +280,8 @@ class RunnerBase(Tracking):
         env_cfg = OmegaConf.to_container(self.cfg.env)
         return evaluate_policy(self.eval_policy, env_cfg, self.cfg.train.eval_episodes,
                                seed=self.cfg.seed + 10_000 + self.iteration, gamma=self.cfg.algorithm.gamma,
-                               videos=self.cfg.train.eval_videos, video_dir=self.run_dir / "videos", tag=f"iter_{self.iteration:08d}")
+                               videos=self.cfg.train.eval_videos, video_dir=self.run_dir / "videos", tag=f"iter_{self.iteration:08d}",
+                               max_envs=self.cfg.train.get("eval_max_envs"))
 
     def _eval_packet(self):
         """The weights :meth:`evaluate` uses: the newest synced packet."""

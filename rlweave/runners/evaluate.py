@@ -26,10 +26,16 @@ def evaluate_policy(
     videos: int = 0,
     video_dir: Path | None = None,
     tag: str = "",
+    max_envs: int | None = None,
 ) -> dict:
     """Runs exactly one deterministic episode on each of ``episodes`` envs (no early stopping
     bias towards short episodes), made with ``env.kwargs`` updated by ``env.eval_kwargs``. Returns
     mean/std return, mean length and success rate.
+
+    ``max_envs``: at most this many envs exist at once (``train.eval_max_envs``); the episodes
+    run in batches of envs, each episode with the seed and env slot (the task of a multi-task
+    suite) it has when all run at once, so the result does not depend on the batching. Why: a
+    LIBERO env with its renderer holds ~1 GB, and 40 held-out episodes at once filled the machine.
 
     ``videos > 0`` records the episodes of the first ``videos`` envs to
     ``video_dir/{tag}_ep{i}.gif`` (``.mp4`` where imageio-ffmpeg is installed), listed under
@@ -38,12 +44,55 @@ def evaluate_policy(
     video shows every ``chunk``-th env step: the policy's view, at no extra render cost."""
     if videos > 0 and video_dir is None:
         raise ValueError("evaluate_policy: videos > 0 needs a video_dir")
+    if max_envs is not None and max_envs < 1:
+        raise ValueError(f"train.eval_max_envs: must be >= 1, got {max_envs}")
+    batch = episodes if max_envs is None else min(episodes, int(max_envs))
+    # the seeds a VectorEnv of all the episodes would draw at its first reset
+    seeds = [int(x) for x in np.random.default_rng(seed).integers(0, 2**31 - 1, size=episodes)]
+    stats: dict[str, Any] = {"return": [], "length": [], "success": [], "success_by_task": {}}
+    frames: list[list[np.ndarray]] = []
+    instructions: list[str | None] = []
+    success = np.full(episodes, np.nan)
+    dropped, fps = 0, MAX_VIDEO_FPS
+    for first in range(0, episodes, batch):
+        n = min(batch, episodes - first)
+        part = _run_batch(policy, env_cfg, seeds[first:first + n], first - episodes, gamma, max(0, min(n, videos - first)))
+        for key in ("return", "length", "success"):
+            stats[key] += list(part["stats"].get(key) or [])
+        for task, flags in (part["stats"].get("success_by_task") or {}).items():
+            stats["success_by_task"].setdefault(task, []).extend(flags)
+        frames += part["frames"]
+        instructions += part["instructions"]
+        success[first:first + n] = part["success"]
+        dropped += part["dropped"]
+        fps = part["fps"]
+    paths = _write_videos(frames, instructions, success, fps, video_dir, tag)
+    returns = np.asarray(stats["return"], dtype=np.float64)
+    if returns.size == 0:  # every episode was dropped for non-finite values: no return to report
+        return {"eval/episode_return": None, "eval/episodes": 0, "eval/dropped_episodes": dropped, **paths}
+    out = {
+        "eval/episode_return": float(returns.mean()),
+        "eval/episode_return_std": float(returns.std()),
+        "eval/episode_length": float(np.mean(stats["length"])),
+    }
+    if stats["success"]:
+        out["eval/success_rate"] = float(np.mean(stats["success"]))
+    for task, flags in sorted(stats["success_by_task"].items()):  # multi-task suites
+        out[f"eval/success_rate/{task}"] = float(np.mean(flags))
+    return {**out, **paths}
+
+
+def _run_batch(policy: Policy, env_cfg: dict, seeds: list[int], first_slot: int, gamma: float, videos: int) -> dict:
+    """One episode on each of ``len(seeds)`` envs (slots from ``first_slot``), the first
+    ``videos`` of them recorded; the envs are closed before it returns."""
+    n = len(seeds)
     env = VectorEnv(
         env_cfg["id"],
-        episodes,
-        seed=seed,
+        n,
+        seed=0,  # every env is reset with its own seed below
         chunk=env_cfg.get("chunk", 1),
-        rank=-1,
+        rank=-1,  # evaluation (in error messages)
+        first_slot=first_slot,
         max_episode_steps=env_cfg.get("max_episode_steps"),
         pixels=env_cfg.get("pixels"),
         gamma=gamma,
@@ -51,12 +100,12 @@ def evaluate_policy(
         kwargs={**(env_cfg.get("kwargs") or {}), **(env_cfg.get("eval_kwargs") or {})},  # held-out starts
     )
     camera = _camera(env.single_observation_space) if videos > 0 else None
-    recorded = min(videos, episodes) if camera is not None else 0
+    recorded = min(videos, n) if camera is not None else 0
     frames: list[list[np.ndarray]] = [[] for _ in range(recorded)]
     try:
-        obs = env.reset()
+        obs = env.reset(seed=seeds)
         instructions = _instructions(obs, recorded)
-        active = np.ones(episodes, dtype=bool)
+        active = np.ones(n, dtype=bool)
         float_obs = float_observations(env.single_observation_space)
         policy.eval()
         while active.any():
@@ -69,25 +118,11 @@ def evaluate_policy(
             for i in np.flatnonzero(active[:recorded] & (res.terminated | res.truncated)[:recorded]):
                 frames[i].append(camera(obs, i))  # the episode's last observation
             active &= ~(res.terminated | res.truncated)
-        stats = env.episode_stats()
-        success = env.last_success.copy()
-        fps = min(MAX_VIDEO_FPS, float(env.envs[0].metadata.get("render_fps") or 15) / env.chunk)
+        return {"stats": env.episode_stats(), "success": env.last_success.copy(), "frames": frames,
+                "instructions": instructions, "dropped": env.dropped_episodes,
+                "fps": min(MAX_VIDEO_FPS, float(env.envs[0].metadata.get("render_fps") or 15) / env.chunk)}
     finally:
         env.close()
-    paths = _write_videos(frames, instructions, success, fps, video_dir, tag)
-    returns = np.asarray(stats["return"], dtype=np.float64)
-    if returns.size == 0:  # every episode was dropped for non-finite values: no return to report
-        return {"eval/episode_return": None, "eval/episodes": 0, "eval/dropped_episodes": env.dropped_episodes, **paths}
-    out = {
-        "eval/episode_return": float(returns.mean()),
-        "eval/episode_return_std": float(returns.std()),
-        "eval/episode_length": float(np.mean(stats["length"])),
-    }
-    if stats["success"]:
-        out["eval/success_rate"] = float(np.mean(stats["success"]))
-    for task, flags in sorted((stats.get("success_by_task") or {}).items()):  # multi-task suites
-        out[f"eval/success_rate/{task}"] = float(np.mean(flags))
-    return {**out, **paths}
 
 
 # --------------------------------------------------------------------------- videos
