@@ -130,9 +130,11 @@ def cmd_eval(args) -> int:
     videos = args.video or 0
     if videos < 0:
         return _fail(f"--video: must be >= 0, got {videos}")
+    if args.max_envs is not None and args.max_envs < 1:
+        return _fail(f"--max-envs: must be >= 1, got {args.max_envs}")
     result = evaluate_policy(run.policy, OmegaConf.to_container(cfg.env), args.episodes, seed=args.seed, gamma=cfg.algorithm.gamma,
                              videos=videos, video_dir=Path(args.run_dir) / "videos", tag=f"eval_{run.checkpoint.name}",
-                             max_envs=cfg.train.get("eval_max_envs"))
+                             max_envs=args.max_envs or cfg.train.get("eval_max_envs"))
     result = {"checkpoint": run.checkpoint.name, "episodes": args.episodes, **result}
     if videos and not result.get("eval/videos"):
         print(f"rlweave eval: --video: env '{cfg.env.id}' gives no camera images; no video written", file=sys.stderr)
@@ -352,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=12345)
     s.add_argument("--video", type=int, nargs="?", const=3, default=0, metavar="N",
                    help="record the first N episodes (default 3) to RUN/videos/ (envs with camera images)")
+    s.add_argument("--max-envs", type=int, default=None, metavar="N",
+                   help="at most N envs at once, the episodes in batches (default: the run's train.eval_max_envs, else all)")
     s.set_defaults(fn=cmd_eval)
     s = sub.add_parser("plot", help="learning curves of one or more runs to a PNG")
     s.add_argument("run_dirs", nargs="+")

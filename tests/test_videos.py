@@ -160,7 +160,7 @@ TINY_PIXELS = ["cluster.local=true", "env.num_envs=2", "env.max_episode_steps=20
                "algorithm.epochs=1", "algorithm.minibatch_size=16", "run.progress=false", "run.tensorboard=false"]
 
 
-def test_run_records_at_evaluations_and_eval_command_records_on_request(tmp_path):
+def test_run_records_at_evaluations_and_eval_command_records_on_request(tmp_path, capsys):
     run_dir = tmp_path / "run"
     rc, out = train("ppo-pixels", *TINY_PIXELS, f"run.dir={run_dir}")
     assert rc == 0, out
@@ -176,3 +176,7 @@ def test_run_records_at_evaluations_and_eval_command_records_on_request(tmp_path
     assert all(os.path.isfile(p) for p in result["eval/videos"])
     rc, out = run_cli("eval", str(run_dir), "--episodes", "1")
     assert rc == 0 and "eval/videos" not in json.loads(out.strip().splitlines()[-1])
+    rc, batched = run_cli("eval", str(run_dir), "--episodes", "2", "--max-envs", "1")  # the same episodes, one env at a time
+    assert rc == 0 and json.loads(batched.strip().splitlines()[-1]) == {k: v for k, v in result.items() if k != "eval/videos"}
+    rc, _ = run_cli("eval", str(run_dir), "--max-envs", "0")
+    assert rc != 0 and "--max-envs: must be >= 1" in capsys.readouterr().err
