@@ -149,6 +149,12 @@ class RewardScaler:
         self.ret, self.mean, self.var, self.count = s["ret"].copy(), s["mean"], s["var"], s["count"]
 
 
+def draw_seeds(rng: np.random.Generator, n: int) -> list[int]:
+    """``n`` episode seeds from ``rng``: the one rule for a vector env's resets, so an evaluation
+    run in batches can give each episode the seed it has when all its envs run at once."""
+    return [int(s) for s in rng.integers(0, 2**31 - 1, size=n)]
+
+
 # --------------------------------------------------------------------------- the vector env
 @dataclass
 class StepResult:
@@ -219,7 +225,7 @@ class VectorEnv:
         self._rng = np.random.default_rng(seed)
 
     def _seeds(self, n: int) -> list[int]:
-        return [int(s) for s in self._rng.integers(0, 2**31 - 1, size=n)]
+        return draw_seeds(self._rng, n)
 
     # -- reset/step --------------------------------------------------------------------------
     def reset(self, seed: list[int] | None = None) -> Tree:

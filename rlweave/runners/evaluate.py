@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from rlweave.envs import VectorEnv
+from rlweave.envs.vector import draw_seeds
 from rlweave.models import Policy
 from rlweave.models.inputs import float_observations, policy_input
 
@@ -47,8 +48,7 @@ def evaluate_policy(
     if max_envs is not None and max_envs < 1:
         raise ValueError(f"train.eval_max_envs: must be >= 1, got {max_envs}")
     batch = episodes if max_envs is None else min(episodes, int(max_envs))
-    # the seeds a VectorEnv of all the episodes would draw at its first reset
-    seeds = [int(x) for x in np.random.default_rng(seed).integers(0, 2**31 - 1, size=episodes)]
+    seeds = draw_seeds(np.random.default_rng(seed), episodes)  # a VectorEnv of all the episodes' first reset
     stats: dict[str, Any] = {"return": [], "length": [], "success": [], "success_by_task": {}}
     frames: list[list[np.ndarray]] = []
     instructions: list[str | None] = []
