@@ -22,9 +22,12 @@ The two sides of one layout run with the same environment (``_common.side_env``:
 glibc malloc settings rlweave gives its workers, flush-denormal); rlweave's driver and Ray's own
 processes are part of its result.
 
-The figure is the whole GRPO loop (generation + scoring + update + weight sync), measured from
-the end of the first step to the end of the last (the first step's start-up is excluded on both
-sides): completions/s and generated tokens/s. Headline ``ratio``: the faster rlweave layout
+The figure is the whole GRPO loop (generation + scoring + update + weight sync) in steady state:
+measured from the end of step ``--warmup-steps`` (default 3) to the end of the last, so each side's
+one-time costs (the first step's start-up, kernel and allocator warm-up, DDP's bucket rebuild on
+its second step) are excluded on both sides alike: completions/s and generated tokens/s. The
+JSON also holds each step's seconds (``step_s``) and the figure from the end of step 1
+(``ratio_from_step_1``: the earlier protocol, which timed those warm-up steps). Headline ``ratio``: the faster rlweave layout
 against the faster TRL layout (each side at its best); ``ratio_<layout>`` matches layouts.
 Median of ``--repeats`` rounds (A B C D, D C B A, ...) after a discarded warm-up of each side.
 ``phases_s`` in the JSON says where a step goes on each side (median seconds per step):
@@ -35,7 +38,7 @@ boundaries.
 ``--model large`` is the larger point: ~32M parameters (hidden 512, 8 layers) and 64-token
 responses, where per-operation overhead matters less.
 
-    rlweave bench grpo-vs-trl [--json FILE] [--steps 8] [--repeats 3] [--layouts 2x1,1x2] [--model small|large]
+    rlweave bench grpo-vs-trl [--json FILE] [--steps 20] [--warmup-steps 3] [--repeats 3] [--layouts 2x1,1x2] [--model small|large]
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ def placement_overrides(ranks: int, threads: int) -> list[str]:
 
 
 def run_rlweave(folder: str, layout: str, steps: int, prompts: int, group: int, tokens: int, lr: float, seed: int,
-                device: str = "cpu") -> dict:
+                device: str = "cpu", warmup_steps: int = 1) -> dict:
     """One rlweave run, its driver in this (side) process. On ``cuda`` the cluster's slots are its
     GPUs (Ray finds them), so the same placement puts each rank on a GPU."""
     from omegaconf import OmegaConf
@@ -103,18 +106,33 @@ def run_rlweave(folder: str, layout: str, steps: int, prompts: int, group: int, 
         raise RuntimeError(f"rlweave train exited {rc}")
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     rows = [r for r in rows if r["iteration"] >= 1]
-    seconds = rows[-1]["wall_time"] - rows[0]["wall_time"]
-    later = rows[1:]
     resolved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
     stages = ("generate", "score", "advantages", "update", "sync", "iteration")
-    return {"timed_s": seconds, "completions": len(later) * prompts * group,
-            "tokens": sum(r["train/response_length"] * prompts * group for r in later),
+    later = rows[warmup_steps:]
+    return {**timed_window([r["wall_time"] for r in rows], [r["train/response_length"] for r in rows], warmup_steps,
+                           prompts * group),
             "phases_s": {k: C.median([r[f"time/{k}"] for r in later]) for k in stages if all(f"time/{k}" in r for r in later)},
             "effective": {k: resolved.get(k) for k in ("actor", "rollout", "algorithm", "placement", "model")}}
 
 
+def timed_window(ends: list[float], lengths: list[float], warmup_steps: int, completions_per_step: int) -> dict:
+    """A run's figures from its steps' end times (one per step, in order) and mean response
+    lengths: the steps after the first ``warmup_steps`` are timed (from the end of the last
+    warm-up step to the end of the last step); ``from_step_1`` is the same from the end of step 1
+    (the earlier protocol, warm-up included), and ``step_s`` every step's seconds after the first."""
+    if len(ends) <= warmup_steps:
+        raise RuntimeError(f"grpo-vs-trl: {len(ends)} steps ran, more than --warmup-steps {warmup_steps} are needed")
+
+    def window(skip: int) -> dict:
+        timed = lengths[skip:]
+        return {"timed_s": ends[-1] - ends[skip - 1], "completions": len(timed) * completions_per_step,
+                "tokens": sum(x * completions_per_step for x in timed)}
+
+    return {**window(warmup_steps), "from_step_1": window(1), "step_s": [b - a for a, b in zip(ends, ends[1:])]}
+
+
 def run_trl(folder: str, layout: str, steps: int, prompts: int, group: int, tokens: int, lr: float, seed: int,
-            device: str = "cpu") -> dict | None:
+            device: str = "cpu", warmup_steps: int = 1) -> dict | None:
     """One TRL run in this (side) process, or in each process of an ``accelerate launch``
     (only rank 0 returns the figures)."""
     import torch
@@ -158,15 +176,14 @@ def run_trl(folder: str, layout: str, steps: int, prompts: int, group: int, toke
     trainer.train()
     if not trainer.accelerator.is_main_process:
         return None
-    later = lengths[1:] if len(lengths) == len(stamps) else [float(tokens)] * (len(stamps) - 1)
+    lengths = lengths if len(lengths) == len(stamps) else [float(tokens)] * len(stamps)
     plain = (str, int, float, bool, type(None), list, dict)
-    steps_s = [b - a for a, b in zip(stamps, stamps[1:])]
-    phase = {k: C.median(v[1:]) for k, v in spent.items() if len(v) > 1}
+    steps_s = [b - a for a, b in zip(stamps[warmup_steps - 1:], stamps[warmup_steps:])]
+    phase = {k: C.median(v[warmup_steps:]) for k, v in spent.items() if len(v) > warmup_steps}
     phases = {"generate": phase.get("_generate"), "score": phase.get("_generate_and_score_completions", 0) - phase.get("_generate", 0),
               "update": phase.get("training_step", 0) - phase.get("_generate_and_score_completions", 0),
               "optimizer_and_rest": C.median(steps_s) - phase.get("training_step", 0), "iteration": C.median(steps_s)}
-    return {"timed_s": stamps[-1] - stamps[0], "completions": (len(stamps) - 1) * prompts * group,
-            "tokens": sum(x * prompts * group for x in later), "phases_s": phases,
+    return {**timed_window(stamps, lengths, warmup_steps, prompts * group), "phases_s": phases,
             "effective": {"processes": trainer.accelerator.num_processes, "distributed": str(trainer.accelerator.distributed_type),
                           "torch_threads": torch.get_num_threads(),
                           "grpo_config": {k: v for k, v in cfg.to_dict().items() if isinstance(v, plain)}}}
@@ -217,7 +234,9 @@ def side_fn(here: Path, name: str, params: dict):
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="rlweave bench grpo-vs-trl", description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup-steps", type=int, default=3,
+                   help="steps at the start of each run left out of the timing on both sides (>= 1; default 3)")
     p.add_argument("--model", choices=sorted(MODELS), default="small")
     p.add_argument("--prompts", type=int, default=None, help="prompts per step (default: 16 small, 8 large)")
     p.add_argument("--group", type=int, default=8)
@@ -234,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.side:
         return C.serve_side(run_rlweave if a.side.startswith("rlweave") else run_trl, a.side_params)
+    if not 1 <= a.warmup_steps < a.steps:
+        p.error(f"--warmup-steps must be at least 1 and below --steps ({a.steps}), got {a.warmup_steps}")
     a.prompts = a.prompts or MODELS[a.model][1]
     a.tokens = a.tokens or MODELS[a.model][2]
     layouts = [x.strip() for x in a.layouts.split(",") if x.strip()]
@@ -245,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="bench-grpo-model-")) / "qwen3"
     n_params = make_model(folder, a.model, a.seed)
     work = {"model": f"qwen3 {MODELS[a.model][0]}, {n_params / 1e6:.1f}M parameters, random init", "prompts/step": a.prompts,
-            "group": a.group, "new tokens": f"exactly {a.tokens}", "steps": a.steps, "optimizer": f"AdamW lr {a.lr}",
+            "group": a.group, "new tokens": f"exactly {a.tokens}", "steps": a.steps, "warm-up steps (untimed)": a.warmup_steps, "optimizer": f"AdamW lr {a.lr}",
             "epochs x minibatches": "1 x 1", "kl": "none", "precision": "float32", "gradient checkpointing": "off",
             "device": a.device}
     configs = {}
@@ -262,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                      common={**work, "order": " | ".join(out["protocol"]["order"])})
     here = Path(__file__).resolve()
     params = {n: dict(folder=str(folder), layout=c["layout"], steps=a.steps, prompts=a.prompts, group=a.group, tokens=a.tokens,
-                      lr=a.lr, seed=a.seed, device=a.device) for n, c in configs.items()}
+                      lr=a.lr, seed=a.seed, device=a.device, warmup_steps=a.warmup_steps) for n, c in configs.items()}
     fns = {n: side_fn(here, n, params[n]) for n in configs}
     describe = lambda side, r: f"{r['completions'] / r['timed_s']:.1f} completions/s, {r['tokens'] / r['timed_s']:.0f} tokens/s"  # noqa: E731
     _, res = C.interleave(fns, repeats=a.repeats, warmup=not a.no_warmup, describe=describe)
@@ -285,6 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     s = C.ratio_vs_fastest(rl[best_rl], {n: rate["completions"][n] for n in res if n.startswith("trl")})
     out.update({"ratio": s["median"], "ratio_min": s["min"], "ratio_max": s["max"], "ratio_stats": s,
                 "best_rlweave": best_rl, "best_trl": s["baseline"], "runs": res})
+    early = {n: [r["from_step_1"]["completions"] / r["from_step_1"]["timed_s"] for r in res[n]] for n in res}
+    e = C.ratio_vs_fastest(early[C.fastest({n: early[n] for n in early if n.startswith("rlweave")})],
+                           {n: early[n] for n in early if n.startswith("trl")})
+    out["ratio_from_step_1"], out["ratio_from_step_1_stats"] = e["median"], e
+    print(f"  from the end of step 1 (warm-up steps timed too): {C.fmt_ratio(e)}")
     print(f"ratio (best of each: {best_rl} / {s['baseline']}), completions/s: {C.fmt_ratio(s)}  [{out['command']}]")
     C.write_json(a.json, out)
     return 0

@@ -152,7 +152,7 @@ def check_bench_flow(gpus: int) -> dict:
 
 def check_bench_grpo(gpus: int) -> dict:
     layouts = "2x1,1x1" if gpus >= 2 else "1x1"
-    r = _bench([str(ROOT / "benchmarks" / "grpo_vs_trl.py"), "--device", "cuda", "--layouts", layouts, "--steps", "4",
+    r = _bench([str(ROOT / "benchmarks" / "grpo_vs_trl.py"), "--device", "cuda", "--layouts", layouts, "--steps", "4", "--warmup-steps", "1",
                 "--repeats", "1", "--no-warmup"])
     return {"ok": True, "layouts": layouts, "ratio": r.get("ratio"), "completions_per_s": r.get("completions_per_s"),
             **{k: v for k, v in r.items() if k.startswith("ratio_") and not k.endswith("_stats")}}
