@@ -38,7 +38,7 @@ boundaries.
 ``--model large`` is the larger point: ~32M parameters (hidden 512, 8 layers) and 64-token
 responses, where per-operation overhead matters less.
 
-    rlweave bench grpo-vs-trl [--json FILE] [--steps 20] [--warmup-steps 3] [--repeats 3] [--layouts 2x1,1x2] [--model small|large]
+    rlweave bench grpo-vs-trl [--json FILE] [--steps 20|8] [--warmup-steps 3] [--repeats 3] [--layouts 2x1,1x2] [--model small|large]
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parent))  # `rlweave bench` loads this file by path
 import _common as C  # noqa: E402
 
-MODELS = {  # name -> (architecture sizes, default prompts, default tokens)
-    "small": (dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=256, max_positions=64), 16, 16),
-    "large": (dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=1536, max_positions=128), 8, 64),
+MODELS = {  # name -> (architecture sizes, default prompts, default tokens, default steps)
+    "small": (dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=256, max_positions=64), 16, 16, 20),
+    "large": (dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=1536, max_positions=128), 8, 64, 8),
 }
 
 
@@ -234,7 +234,7 @@ def side_fn(here: Path, name: str, params: dict):
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="rlweave bench grpo-vs-trl", description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=None, help="steps a run (default: 20 small, 8 large: ~10 s a step there)")
     p.add_argument("--warmup-steps", type=int, default=3,
                    help="steps at the start of each run left out of the timing on both sides (>= 1; default 3)")
     p.add_argument("--model", choices=sorted(MODELS), default="small")
@@ -253,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.side:
         return C.serve_side(run_rlweave if a.side.startswith("rlweave") else run_trl, a.side_params)
+    a.steps = a.steps or MODELS[a.model][3]
     if not 1 <= a.warmup_steps < a.steps:
         p.error(f"--warmup-steps must be at least 1 and below --steps ({a.steps}), got {a.warmup_steps}")
     a.prompts = a.prompts or MODELS[a.model][1]
