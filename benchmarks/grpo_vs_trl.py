@@ -178,12 +178,13 @@ def run_trl(folder: str, layout: str, steps: int, prompts: int, group: int, toke
         return None
     lengths = lengths if len(lengths) == len(stamps) else [float(tokens)] * len(stamps)
     plain = (str, int, float, bool, type(None), list, dict)
-    steps_s = [b - a for a, b in zip(stamps[warmup_steps - 1:], stamps[warmup_steps:])]
+    window = timed_window(stamps, lengths, warmup_steps, prompts * group)
+    steps_s = window["step_s"][warmup_steps - 1:]  # the timed steps
     phase = {k: C.median(v[warmup_steps:]) for k, v in spent.items() if len(v) > warmup_steps}
     phases = {"generate": phase.get("_generate"), "score": phase.get("_generate_and_score_completions", 0) - phase.get("_generate", 0),
               "update": phase.get("training_step", 0) - phase.get("_generate_and_score_completions", 0),
               "optimizer_and_rest": C.median(steps_s) - phase.get("training_step", 0), "iteration": C.median(steps_s)}
-    return {**timed_window(stamps, lengths, warmup_steps, prompts * group), "phases_s": phases,
+    return {**window, "phases_s": phases,
             "effective": {"processes": trainer.accelerator.num_processes, "distributed": str(trainer.accelerator.distributed_type),
                           "torch_threads": torch.get_num_threads(),
                           "grpo_config": {k: v for k, v in cfg.to_dict().items() if isinstance(v, plain)}}}
