@@ -92,7 +92,12 @@ def _wandb_records(path: Path):
 
 
 def _wandb_history(run_dir: Path) -> tuple[set[str], list[dict], dict]:
-    """(run ids, history rows in logging order, config) over every offline part of the run."""
+    """(run ids, history rows in logging order, config) over every offline part of the run.
+    W&B's service (one per process, here the test's) writes a run's file after ``run.finish()``
+    returns; its teardown waits for every write, so the files are read after it."""
+    import wandb
+
+    wandb.teardown()
     ids, rows, config = set(), [], {}
     parts = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"), key=lambda p: p.parent.name)
     for path in parts:
