@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.side:
         return C.serve_side(run_rlweave if a.side.startswith("rlweave") else run_trl, a.side_params)
-    a.steps = a.steps or MODELS[a.model][3]
+    a.steps = MODELS[a.model][3] if a.steps is None else a.steps  # an explicit --steps 0 is refused below, not defaulted
     if not 1 <= a.warmup_steps < a.steps:
         p.error(f"--warmup-steps must be at least 1 and below --steps ({a.steps}), got {a.warmup_steps}")
     a.prompts = a.prompts or MODELS[a.model][1]
