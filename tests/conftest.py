@@ -41,6 +41,17 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture
+def no_cluster_start(monkeypatch):
+    """Fails a test whose command starts a cluster: for inputs that must be refused before anything starts."""
+    from rlweave.cluster import Cluster
+
+    def refuse(cls, *args, **kwargs):
+        raise AssertionError("Cluster.start was called: the input was not refused before anything started")
+
+    monkeypatch.setattr(Cluster, "start", classmethod(refuse))
+
+
 # The modules that take longest (seconds in `pytest --durations=0`, serial, 2-core AMD EPYC), run
 # first: CI runs the suite on two xdist workers, one module to a worker at a time (`--dist loadfile`
 # in pyproject.toml), and a long module left for last would keep one worker busy while the other

@@ -11,7 +11,6 @@ import pytest
 
 from helpers import QUIET
 from rlweave.cli import main
-from rlweave.cluster import Cluster
 from rlweave.config.schema import Config
 
 # free-form sections (names chosen by the user) and keys whose every string is valid
@@ -54,14 +53,6 @@ def _bad_values(tp, meta) -> list[str]:
 
 
 CASES = [(key, v) for key, tp, meta in _leaves(Config) for v in _bad_values(tp, meta)]
-
-
-@pytest.fixture
-def no_cluster_start(monkeypatch):
-    def refuse(cls, *args, **kwargs):
-        raise AssertionError("Cluster.start was called: the input was not refused before anything started")
-
-    monkeypatch.setattr(Cluster, "start", classmethod(refuse))
 
 
 def test_the_fuzz_covers_the_schema():

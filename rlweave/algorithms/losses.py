@@ -28,6 +28,9 @@ __all__ = [
     "entropy_bonus",
     "ppo_loss",
     "total_loss",
+    "weighted_value_loss",
+    "ppo_value_objective",
+    "value_part_of",
 ]
 
 
@@ -198,12 +201,17 @@ def ppo_loss(
     if values is not None:
         if returns is None:
             raise ValueError("a value loss needs returns (got values but returns=None)")
-        v = value_loss(values, returns, old_values=old_values, clip_eps=value_clip, mask=mask)
-        mse = v.pop("loss_value")
-        out["loss_value"] = vf_coef * mse
-        out["value_mse"] = mse.detach()
-        out.update(v)
+        out.update(weighted_value_loss(values, returns, old_values, value_clip, vf_coef, mask))
     return out
+
+
+def weighted_value_loss(values: Tensor, returns: Tensor, old_values: Tensor | None, value_clip: float | None,
+                        vf_coef: float, mask: Tensor | None = None) -> dict[str, Tensor]:
+    """:func:`ppo_loss`'s value terms: ``loss_value`` (``vf_coef`` x the value loss), the unweighted
+    ``value_mse`` and, when clipped, ``value_clip_fraction``."""
+    v = value_loss(values, returns, old_values=old_values, clip_eps=value_clip, mask=mask)
+    mse = v.pop("loss_value")
+    return {"loss_value": vf_coef * mse, "value_mse": mse.detach(), **v}
 
 
 def total_loss(terms: dict[str, Tensor]) -> Tensor:
@@ -230,3 +238,21 @@ def ppo_objective(inp: OnPolicyLossInput) -> dict[str, Tensor]:
         clip_eps=inp.clip_eps, clip_eps_high=c.get("clip_eps_high"), dual_clip=c.get("dual_clip"),
         value_clip=c.get("value_clip"), vf_coef=c["vf_coef"], ent_coef=c["ent_coef"],
     )
+
+
+def ppo_value_objective(values: Tensor, old_values: Tensor, returns: Tensor, cfg) -> dict[str, Tensor]:
+    """:func:`ppo_objective`'s value terms alone, from the critic's values: what a learner computes
+    apart from the policy terms (``ppo_objective`` with ``values=None``) when the value loss runs in
+    a helper process (``actor.update_threads=2``). The two parts sum to ``ppo_objective``."""
+    return weighted_value_loss(values, returns, old_values, cfg.get("value_clip"), cfg["vf_coef"])
+
+
+def value_part_of(loss: Callable) -> Callable | None:
+    """The value terms an on-policy loss declares it can compute apart (its ``value_part``
+    attribute: ``value_part(values, old_values, returns, cfg) -> dict``), or None. A loss that
+    declares one must give no value terms when called with ``values=None``."""
+    return getattr(loss, "value_part", None)
+
+
+# declared on the loss: its value terms may be computed apart (actor.update_threads=2)
+ppo_objective.value_part = ppo_value_objective

@@ -122,7 +122,9 @@ class ActorConfig:
     # threads the off-policy learner runs one update on: 2 runs the critic's part and the actor's
     # part of an SAC or RLPD update at the same time (they read the same weights and write
     # disjoint gradients), so the learner uses a second core beside its slot; the results are
-    # the same as with 1
+    # the same as with 1. For on-policy PPO (one actor rank, an mlp policy with a critic of its
+    # own) 2 runs the value loss in a helper process while the policy loss runs: the same numbers
+    # (always a process where memfd exists; update_helper below is the off-policy learner's choice)
     update_threads: int = field(default=1, metadata={"min": 1, "max": 2})
     # where the actor's part runs when update_threads=2: "process", a helper process bound to the
     # learner's parameters in shared memory (the parts do not contend for Python's GIL: an SAC

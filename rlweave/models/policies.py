@@ -177,17 +177,47 @@ class Policy(nn.Module):
 
     def evaluate(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         out, value, logp_all = self._heads(obs)
+        log_prob, entropy = self._log_prob_entropy(out, logp_all, action)
+        return log_prob, entropy, value
+
+    def _log_prob_entropy(self, out: Tensor, logp_all: Tensor | None, action: Tensor) -> tuple[Tensor, Tensor]:
         B = out.shape[0]
         if self.discrete:
             a = action.reshape(B, self.chunk, 1).long()
             log_prob = logp_all.gather(-1, a).view(B, self.chunk).sum(-1)
             entropy = -(logp_all.exp() * logp_all).sum(-1).sum(-1)
-            return log_prob, entropy, value
+            return log_prob, entropy
         log_std = self.log_std
         z = (action.reshape(B, self.head_dim).to(out.dtype) - out) * torch.exp(-log_std)
         log_prob = -0.5 * z.square().sum(-1) - log_std.sum() - self.head_dim * _HALF_LOG_2PI
         entropy = (log_std.sum() + self.head_dim * (0.5 + _HALF_LOG_2PI)).expand(B)
-        return log_prob, entropy, value
+        return log_prob, entropy
+
+    # ---- a critic apart from the actor (the value loss in a helper process: actor.update_threads=2)
+    @property
+    def split_critic(self) -> bool:
+        """Whether the value reads only :meth:`prepare`'s output and parameters of its own, so the
+        value loss can run apart from the policy loss, on the same prepared input. Off here; a
+        policy class that has such a critic says so."""
+        return False
+
+    def prepare(self, obs: Tensor) -> Tensor:
+        """The input both heads read (normalised observations); only with :attr:`split_critic`."""
+        raise NotImplementedError(f"{type(self).__name__} has no critic apart from its actor")
+
+    def evaluate_prepared(self, x: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        """``evaluate``'s log-probs and entropies from ``prepare(obs)``, without the value: the
+        same operations on the actor's side, so the same numbers."""
+        out, _ = self._forward_prepared(x, False)
+        logp_all = out.view(out.shape[0], self.chunk, self.n).log_softmax(-1) if self.discrete else None
+        return self._log_prob_entropy(out, logp_all, action)
+
+    def value_prepared(self, x: Tensor) -> Tensor:
+        """``evaluate``'s value from ``prepare(obs)`` (the same operations on the critic's side)."""
+        raise NotImplementedError(f"{type(self).__name__} has no critic apart from its actor")
+
+    def _forward_prepared(self, x: Tensor, with_value: bool) -> tuple[Tensor, Tensor | None]:
+        raise NotImplementedError(f"{type(self).__name__} has no critic apart from its actor")
 
     def env_action(self, stored: Tensor) -> Tensor:
         """The action to execute for an action ``act`` returned. Identity here; a policy whose
@@ -271,15 +301,28 @@ class MLPPolicy(Policy):
         return x
 
     def _forward(self, obs: Tensor, with_value: bool) -> tuple[Tensor, Tensor | None]:
-        x = self._prep(obs)
+        return self._forward_prepared(self._prep(obs), with_value)
+
+    def _forward_prepared(self, x: Tensor, with_value: bool) -> tuple[Tensor, Tensor | None]:
         h = self._run(self.actor_body, x)
         head = self.actor_head
         out = torch.nn.functional.linear(h, head.weight, head.bias)
         if not with_value:
             return out, None
-        hc = h if self.shared_backbone else self._run(self.critic_body, x)
+        if self.shared_backbone:
+            return out, torch.nn.functional.linear(h, self.critic_head.weight, self.critic_head.bias).squeeze(-1)
+        return out, self.value_prepared(x)
+
+    @property
+    def split_critic(self) -> bool:
+        return self.has_critic and not self.shared_backbone
+
+    def prepare(self, obs: Tensor) -> Tensor:
+        return self._prep(obs)
+
+    def value_prepared(self, x: Tensor) -> Tensor:
         head = self.critic_head
-        return out, torch.nn.functional.linear(hc, head.weight, head.bias).squeeze(-1)
+        return torch.nn.functional.linear(self._run(self.critic_body, x), head.weight, head.bias).squeeze(-1)
 
     def _value(self, obs: Tensor) -> Tensor:
         x = self._prep(obs)

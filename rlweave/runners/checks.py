@@ -7,6 +7,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from rlweave.algorithms import ALGORITHMS, AlgorithmSpec, algorithm_loss, get_algorithm, has_concurrent_parts
+from rlweave.algorithms.losses import value_part_of
 from rlweave.cluster import Cluster, PlacementError, make_plan
 from rlweave.config import ConfigError
 from rlweave.envs import space_info
@@ -79,6 +80,7 @@ def check_compatible_policy(cfg: DictConfig):
         policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk, **policy_kwargs(cfg))
     except (ValueError, TypeError) as e:
         raise ConfigError(f"policy.name: {str(e).splitlines()[0]}") from None
+    _check_split_critic(cfg, spec, policy)
     if cfg.init.checkpoint:
         from rlweave.models.run_policy import RunPolicyError, initial_policy_state
 
@@ -166,11 +168,27 @@ def plan_placement(cfg: DictConfig, cluster: Cluster):
 
 
 def check_update_threads(cfg: DictConfig, spec: AlgorithmSpec) -> None:
-    """``actor.update_threads`` > 1 needs an update made of concurrent parts (SAC, RLPD)."""
-    if cfg.actor.update_threads > 1 and not has_concurrent_parts(algorithm_loss(spec)):
-        splits = ", ".join(sorted(n for n, a in ALGORITHMS.items() if has_concurrent_parts(algorithm_loss(a))))
-        raise ConfigError(f"actor.update_threads: {cfg.actor.update_threads} runs the critic's and the actor's parts of an "
-                          f"update at the same time; {spec.name}'s update has no such parts ({splits} have)")
+    """``actor.update_threads`` > 1 needs an update made of concurrent parts: the critic's and the
+    actor's (SAC, RLPD), or an on-policy loss whose value terms run apart (PPO, on one actor rank)."""
+    if cfg.actor.update_threads == 1 or has_concurrent_parts(algorithm_loss(spec)):
+        return
+    if spec.kind == "on_policy" and cfg.runner == "onpolicy" and spec.uses_critic and value_part_of(algorithm_loss(spec)):
+        if cfg.actor.num_workers > 1:
+            raise ConfigError(f"actor.update_threads: {cfg.actor.update_threads} runs the value loss in a helper process of "
+                              f"the one actor rank; this config has actor.num_workers={cfg.actor.num_workers}")
+        return
+    splits = sorted(n for n, a in ALGORITHMS.items() if has_concurrent_parts(algorithm_loss(a)) or
+                    (a.kind == "on_policy" and a.uses_critic and value_part_of(algorithm_loss(a))))
+    raise ConfigError(f"actor.update_threads: {cfg.actor.update_threads} runs two parts of an update at the same time "
+                      f"(the critic's and the actor's, or the value and the policy losses); {spec.name}'s update has no "
+                      f"such parts ({', '.join(splits)} have)")
+
+
+def _check_split_critic(cfg: DictConfig, spec: AlgorithmSpec, policy) -> None:
+    """An on-policy update in two parts needs a policy whose critic is apart from its actor."""
+    if cfg.actor.update_threads > 1 and spec.kind == "on_policy" and not getattr(policy, "split_critic", False):
+        raise ConfigError(f"actor.update_threads: {cfg.actor.update_threads} runs the value loss apart from the policy loss; "
+                          f"policy '{cfg.policy.name}' has no critic of its own (an mlp policy without shared_backbone has)")
 
 
 # the actors of the off-policy learner (sample / sample_noise with tanh-squashed actions): the

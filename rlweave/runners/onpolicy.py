@@ -76,6 +76,7 @@ class OnPolicyRunner(RunnerBase):
             ActorWorker, plan.groups["actor"], self.cluster,
             args=(OmegaConf.to_container(cfg.algorithm), self.pkw, self.obs_space, self.act_space, cfg.env.chunk,
                   cfg.seed, self.traj_spec, max(1, plan.groups["env"].num_workers // n_act)),
+            kwargs={"update_threads": cfg.actor.update_threads},
             init_dist=True, wait=False,  # the env and rollout groups start while the learner builds
         )
         self.groups.append(self.actor)

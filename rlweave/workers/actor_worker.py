@@ -32,6 +32,7 @@ from rlweave.models.inputs import float_observations, policy_input
 from rlweave.utils.tree import is_dict, tree_index, tree_map
 from rlweave.utils.memory import device_memory_mb, peak_rss_mb
 from rlweave.workers.channels import ChannelSpec
+from rlweave.workers.value_part import ValuePart
 from rlweave.sync.weights import WeightPacket, pack_state, share_packet
 from rlweave.cluster.dispatch import group_method
 
@@ -52,6 +53,7 @@ class ActorWorker(Worker):
         trajectory_channel: ChannelSpec | None,
         trajectories_per_rank: int,
         runner: str = "onpolicy",
+        update_threads: int = 1,
     ):
         self.cfg = algo_cfg
         self.spec = load_algorithm(algo_cfg)  # imports algorithm.plugins first: user registrations reach this process
@@ -91,6 +93,9 @@ class ActorWorker(Worker):
         self.rng = np.random.default_rng(seed * 31 + self.rank)
         torch.manual_seed(seed * 31 + self.rank)
         random.seed(seed * 31 + self.rank)
+        # actor.update_threads=2 (checked before start: runners/checks.py): the value loss of each
+        # minibatch in a helper process while this process runs the policy loss (value_part.py)
+        self.value_part = ValuePart(self.policy, self.flat, self.loss_fn, algo_cfg) if int(update_threads) > 1 else None
 
     # ------------------------------------------------------------------ training
     @group_method("all", blocking=False)
@@ -292,6 +297,11 @@ class ActorWorker(Worker):
                                  "(every parameter moves its actions)")
         return self._critic_mask
 
+    def close(self) -> None:
+        """Stops the value loss's helper process (called when the worker is removed)."""
+        if self.value_part is not None:
+            self.value_part.close()
+
     @group_method("all", collect="first")
     def load_initial_weights(self, state: dict, keep_obs_stats: bool = True) -> list[str]:
         """Starts from another run's policy weights (``init.checkpoint``). Tensors this policy has
@@ -316,6 +326,8 @@ class ActorWorker(Worker):
         cfg, n = self.cfg, len(mbatch["adv"])
         step = cfg.get("micro_batch_size") or n
         parts = [slice(i, min(n, i + step)) for i in range(0, n, step)]
+        if self.value_part is not None and not value_only and len(parts) == 1 and model is self.policy:
+            return self.value_part.accumulate(mbatch, clip)
         critic = self.spec.uses_critic
         stacked = None
         for j, sl in enumerate(parts):

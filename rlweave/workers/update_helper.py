@@ -1,4 +1,5 @@
-"""The actor's part of an off-policy update in a helper process (``actor.update_helper=process``).
+"""The actor's part of an off-policy update in a helper process (``actor.update_helper=process``);
+also PPO's value loss (:mod:`rlweave.workers.value_part`).
 
 An SAC or RLPD update is two parts that read the same weights and write disjoint gradients
 (:class:`~rlweave.algorithms.ActorCriticLoss`), so the learner runs them at the same time. On two
