@@ -82,7 +82,8 @@ def rlweave_overrides(iterations: int, seed: int, run_dir: str, extra: list[str]
         f"train.total_env_steps={(iterations + 1) * STEPS_PER_ITER}", f"train.rollout_steps={ROLLOUT_STEPS}",
         f"env.id={ENV_ID}", f"env.num_envs={NUM_ENVS // env_workers}", f"env.num_workers={env_workers}",
         f"rollout.num_workers={env_workers}",  # one rollout replica per env worker (fused with it)
-        "actor.num_workers=1", "env.chunk=1", "env.max_episode_steps=null", "env.pixels.enabled=false",
+        "actor.num_workers=1", "actor.update_threads=2",  # the value loss in the learner's helper process, same numbers
+        "env.chunk=1", "env.max_episode_steps=null", "env.pixels.enabled=false",
         "env.normalize_reward=true", "env.reward_clip=10.0",
         "policy.name=mlp", "policy.hidden=[64,64]", "policy.activation=tanh", "policy.normalize_obs=true",
         "policy.log_std_init=0.0", "policy.ortho_init=true",
@@ -129,7 +130,8 @@ def rlweave_settings(extra: list[str], env_workers: int) -> dict:
         "obs / reward normalisation": f"policy running mean/std / env worker (clip {cfg.env.reward_clip})",
         "evaluation": "off" if cfg.train.eval_every == 0 else f"every {cfg.train.eval_every}",
         "torch threads": "1 per worker process (a CPU slot is one core)",
-        "processes": f"driver + {cfg.env.num_workers} env+rollout process(es) + 1 actor process",
+        "processes": f"driver + {cfg.env.num_workers} env+rollout process(es) + 1 actor process"
+                     + (" + its helper process (the value loss, actor.update_threads=2)" if cfg.actor.update_threads > 1 else ""),
     }
 
 

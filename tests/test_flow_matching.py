@@ -336,6 +336,8 @@ def test_ppo_trains_a_flow_policy_through_the_runner(ray_session, tmp_path, rati
         f"run.dir={tmp_path / 'run'}", *QUIET,
     )
     assert rc == 0, out
+    # the recipe's actor.update_threads=2 needs a critic apart from the actor: a flow policy's update runs in one process
+    assert "actor.update_threads=2: policy 'flow_mlp' has no critic apart from its actor, so its update runs in one process" in out
     rows = read_metrics(tmp_path / "run")
     assert rows[-1]["env_steps"] == 128
     assert all(math.isfinite(r["train/approx_kl"]) for r in rows if "train/approx_kl" in r)

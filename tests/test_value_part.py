@@ -62,8 +62,6 @@ def test_value_loss_in_a_helper_process_gives_the_same_update_as_one_process(row
 
 
 @pytest.mark.parametrize("recipe, overrides, fragment", [
-    ("ppo-halfcheetah", ["+policy.kwargs.shared_backbone=true"], "actor.update_threads: 2 runs the value loss apart from the policy loss; "
-     "policy 'mlp' has no critic of its own"),
     ("ppo-halfcheetah", ["actor.num_workers=2", "env.num_workers=2"], "actor.update_threads: 2 runs the value loss in a helper "
      "process of the one actor rank; this config has actor.num_workers=2"),
     ("grpo-cartpole", [], "grpo's update has no such parts"),

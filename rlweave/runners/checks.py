@@ -80,7 +80,6 @@ def check_compatible_policy(cfg: DictConfig):
         policy = build_policy(observation_space=obs_space, action_space=act_space, chunk=cfg.env.chunk, **policy_kwargs(cfg))
     except (ValueError, TypeError) as e:
         raise ConfigError(f"policy.name: {str(e).splitlines()[0]}") from None
-    _check_split_critic(cfg, spec, policy)
     if cfg.init.checkpoint:
         from rlweave.models.run_policy import RunPolicyError, initial_policy_state
 
@@ -182,13 +181,6 @@ def check_update_threads(cfg: DictConfig, spec: AlgorithmSpec) -> None:
     raise ConfigError(f"actor.update_threads: {cfg.actor.update_threads} runs two parts of an update at the same time "
                       f"(the critic's and the actor's, or the value and the policy losses); {spec.name}'s update has no "
                       f"such parts ({', '.join(splits)} have)")
-
-
-def _check_split_critic(cfg: DictConfig, spec: AlgorithmSpec, policy) -> None:
-    """An on-policy update in two parts needs a policy whose critic is apart from its actor."""
-    if cfg.actor.update_threads > 1 and spec.kind == "on_policy" and not getattr(policy, "split_critic", False):
-        raise ConfigError(f"actor.update_threads: {cfg.actor.update_threads} runs the value loss apart from the policy loss; "
-                          f"policy '{cfg.policy.name}' has no critic of its own (an mlp policy without shared_backbone has)")
 
 
 # the actors of the off-policy learner (sample / sample_noise with tanh-squashed actions): the

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlweave.channel import Channel
 from rlweave.cluster import Cluster, WorkerError
 from rlweave.config import ConfigError
-from rlweave.runners.checks import algorithm_for_runner, check_compatible, plan_placement
+from rlweave.runners.checks import algorithm_for_runner, check_compatible_policy, plan_placement
 from rlweave.runners.layouts import LayoutTrials
 from rlweave.runners.tracking import Tracking
 from rlweave.runners.evaluate import evaluate_policy
@@ -85,7 +85,8 @@ class RunnerBase(Tracking):
     # ------------------------------------------------------------------ to provide
     def _check(self) -> None:
         """Refuses a config this runner cannot run, before anything starts."""
-        self.obs_space, self.act_space = check_compatible(self.cfg)
+        self.obs_space, self.act_space, policy = check_compatible_policy(self.cfg)
+        self.split_critic = bool(getattr(policy, "split_critic", False))  # the on-policy value loss may run apart
 
     def _plan_placement(self, cluster: Cluster):
         """The groups' placement: with ``placement.mode=auto``, the first of the runner's candidate

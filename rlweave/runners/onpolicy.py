@@ -76,10 +76,13 @@ class OnPolicyRunner(RunnerBase):
             ActorWorker, plan.groups["actor"], self.cluster,
             args=(OmegaConf.to_container(cfg.algorithm), self.pkw, self.obs_space, self.act_space, cfg.env.chunk,
                   cfg.seed, self.traj_spec, max(1, plan.groups["env"].num_workers // n_act)),
-            kwargs={"update_threads": cfg.actor.update_threads},
+            kwargs={"update_threads": cfg.actor.update_threads if self.split_critic else 1},
             init_dist=True, wait=False,  # the env and rollout groups start while the learner builds
         )
         self.groups.append(self.actor)
+        if cfg.actor.update_threads > 1 and not self.split_critic:
+            print(f"[rlweave] actor.update_threads={cfg.actor.update_threads}: policy '{cfg.policy.name}' has no critic apart "
+                  "from its actor, so its update runs in one process")
         if cfg.placement.mode == "auto":
             planner = Planner(
                 slots=self.cluster.slots(),
