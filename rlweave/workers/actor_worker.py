@@ -93,8 +93,7 @@ class ActorWorker(Worker):
         self.rng = np.random.default_rng(seed * 31 + self.rank)
         torch.manual_seed(seed * 31 + self.rank)
         random.seed(seed * 31 + self.rank)
-        # actor.update_threads=2 (checked before start: runners/checks.py): the value loss of each
-        # minibatch in a helper process while this process runs the policy loss (value_part.py)
+        # actor.update_threads=2: each minibatch's value loss in a helper process (value_part.py)
         self.value_part = ValuePart(self.policy, self.flat, self.loss_fn, algo_cfg) if int(update_threads) > 1 else None
 
     # ------------------------------------------------------------------ training
