@@ -50,12 +50,13 @@ def tree_stack(items: Sequence[Tree]) -> Tree:
     return np.stack(items)
 
 
-def tree_concat(items: Sequence[Tree]) -> Tree:
-    """Concatenates batches along the first axis (per key for dicts): micro-batches back to one."""
+def tree_concat(items: Sequence[Tree], axis: int = 0) -> Tree:
+    """Concatenates batches along ``axis`` (per key for dicts): micro-batches back to one, or
+    trajectories ``[T, N]`` side by side (``axis=1``)."""
     first = items[0]
     if isinstance(first, Mapping):
-        return {k: np.concatenate([it[k] for it in items]) for k in first}
-    return np.concatenate(items)
+        return {k: np.concatenate([np.asarray(it[k]) for it in items], axis=axis) for k in first}
+    return np.concatenate([np.asarray(it) for it in items], axis=axis)
 
 
 def tree_index(x: Tree, idx: Any) -> Tree:

@@ -29,7 +29,7 @@ from rlweave.cluster import Worker
 from rlweave.models import build_policy
 from rlweave.models.flat import FlatParameters, adam_step
 from rlweave.models.inputs import float_observations, policy_input
-from rlweave.utils.tree import is_dict, tree_index, tree_map
+from rlweave.utils.tree import is_dict, tree_concat, tree_index, tree_map
 from rlweave.utils.memory import device_memory_mb, peak_rss_mb
 from rlweave.workers.channels import ChannelSpec
 from rlweave.workers.value_part import ValuePart
@@ -146,7 +146,7 @@ class ActorWorker(Worker):
         """Concatenates this rank's trajectories along the env axis and computes advantages with
         the algorithm's registered estimator. Returns the batch, metrics, and whether the
         minibatches' advantages are to be whitened (the estimator says)."""
-        cat = lambda k, axis=1: _concat([t[k] for t in trajs], axis)  # noqa: E731
+        cat = lambda k, axis=1: tree_concat([t[k] for t in trajs], axis)  # noqa: E731
         T = min(t["rewards"].shape[0] for t in trajs)
         if any(t["rewards"].shape[0] != T for t in trajs):  # episodic trajectories differ in length
             trajs = [_pad_time(t, max(tt["rewards"].shape[0] for tt in trajs)) for t in trajs]
@@ -488,13 +488,6 @@ def _pad_time(traj: dict, T: int) -> dict:
     for k in ("obs", "action", "log_prob", "value", "rewards", "terminated", "truncated", "mask"):
         out[k] = tree_map(lambda v: np.concatenate([v, np.zeros((T - t, *v.shape[1:]), dtype=v.dtype)]), traj[k])
     return out
-
-
-def _concat(items: list, axis: int):
-    """Concatenates arrays (or dict observations, leaf by leaf) along ``axis``."""
-    if is_dict(items[0]):
-        return {k: np.concatenate([np.asarray(it[k]) for it in items], axis=axis) for k in items[0]}
-    return np.concatenate([np.asarray(it) for it in items], axis=axis)
 
 
 def _leaf(x):
